@@ -1,0 +1,79 @@
+"""Cross-package rules of the monorepo: namespace, metadata, declared dependencies follow layering."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("resource", "env", "reward", "proxy", "sync", "train", "scheduler")
+# ARCHITECTURE.md section 2: which rollart distributions each one may depend on
+ALLOWED = {
+    "resource": set(),
+    "env": set(),
+    "reward": {"env", "resource"},
+    "proxy": {"resource"},
+    "sync": {"resource"},
+    "train": {"resource"},
+    "scheduler": {"resource", "env", "reward", "proxy", "sync", "train"},
+}
+
+
+def _pyproject(pkg: str) -> dict:
+    return tomllib.loads((ROOT / "packages" / f"rollart-{pkg}" / "pyproject.toml").read_text())
+
+
+def test_no_rollart_init_anywhere_pep420():
+    offenders = [p for p in ROOT.glob("packages/*/src/rollart/__init__.py")]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("pkg", PACKAGES)
+def test_package_layout_and_metadata(pkg):
+    base = ROOT / "packages" / f"rollart-{pkg}"
+    meta = _pyproject(pkg)["project"]
+    assert meta["name"] == f"rollart-{pkg}"
+    assert re.fullmatch(r"\d+\.\d+\.\d+", meta["version"])
+    for required in ("README.md", "CHANGELOG.md", f"src/rollart/{pkg}/py.typed", f"src/rollart/{pkg}/__init__.py"):
+        assert (base / required).is_file(), f"rollart-{pkg} lacks {required}"
+    assert (base / "tests").is_dir()
+    init = (base / "src" / "rollart" / pkg / "__init__.py").read_text()
+    assert f'__version__ = "{meta["version"]}"' in init, "package __version__ must match pyproject version"
+
+
+@pytest.mark.parametrize("pkg", PACKAGES)
+def test_declared_rollart_dependencies_follow_layering_with_ranges(pkg):
+    deps = _pyproject(pkg)["project"].get("dependencies", [])
+    rollart = {}
+    for dep in deps:
+        m = re.match(r"rollart-(\w+)(\[[\w,]+\])?(.*)", dep)
+        if m:
+            rollart[m[1]] = m[3]
+    assert set(rollart) <= ALLOWED[pkg], f"rollart-{pkg} depends on {set(rollart) - ALLOWED[pkg]}"
+    for name, spec in rollart.items():
+        assert ">=" in spec and "<" in spec.replace("<=", ""), f"rollart-{name} needs a version range, got {spec!r}"
+
+
+def test_heavy_backends_are_optional_extras_only():
+    heavy = {"vllm", "megatron-core", "mooncake-transfer-engine"}
+    for pkg in PACKAGES:
+        deps = {re.split(r"[<>=\[ ;]", d)[0] for d in _pyproject(pkg)["project"].get("dependencies", [])}
+        assert not deps & heavy, f"rollart-{pkg} must keep {deps & heavy} behind an extra"
+
+
+def test_layering_contract_holds():
+    res = subprocess.run([str(Path(sys.executable).with_name("lint-imports"))], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_each_package_installs_alone_into_an_empty_venv():
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_install_alone.py")],
+                         capture_output=True, text=True, cwd=ROOT, timeout=1200)
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+    assert res.stdout.count(" ok ") == len(PACKAGES), res.stdout
