@@ -53,7 +53,7 @@ design-check:
 	$(PY) scripts/design_check.py
 
 docs: $(STAMP)
-	$(VENV)/bin/mkdocs build --strict
+	DISABLE_MKDOCS_2_WARNING=true $(VENV)/bin/mkdocs build --strict
 
 demo: $(STAMP)
 	$(PY) -m rollart.scheduler.demo
