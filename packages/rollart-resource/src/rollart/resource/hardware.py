@@ -1,0 +1,149 @@
+"""The hardware catalogue: what each accelerator (or CPU node) type can do and what it costs.
+
+Why a catalogue and not constants: the simulated roofline engine (rollart-proxy) and cost reports
+need the numbers, users bring hardware we did not list, and each ResourceManager validates its pool
+against its own catalogue (no global mutable registry).
+
+Sources. H20 and H800: Table 2 of the RollArt paper (TFLOPS, HBM, HBM bandwidth, NVLink bandwidth,
+normalised cost H20 = 1.00, H800 = 2.85; here re-normalised to H800 = 1.0, so H20 = 1/2.85).
+H100 SXM, H200 SXM, A100 80GB SXM: NVIDIA datasheets (dense BF16 tensor TFLOPS, HBM, NVLink).
+Their costs are ESTIMATES from public cloud list prices relative to H100 ~ H800 = 1.0.
+``interconnect_gbps`` is the intra-node GPU interconnect in GB/s (Table 2's "NVLink bandwidth").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from rollart.resource.errors import ResourceError, UnknownHardwareError
+
+__all__ = ["BUILTIN_HARDWARE", "HardwareCatalogue", "HardwareSpec"]
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """One accelerator (or CPU node) type: what the roofline model and cost reports need.
+
+    Attributes:
+        name: the type name used in pool specs and Ray custom resources (e.g. ``"H800"``).
+        tflops_bf16: dense BF16 tensor throughput in TFLOPS.
+        hbm_gb: device memory in GB (0 for a CPU node).
+        hbm_tbps: device memory bandwidth in TB/s.
+        interconnect_gbps: intra-node interconnect bandwidth in GB/s.
+        cost: cost per device-hour, normalised so that H800 = 1.0.
+    """
+
+    name: str
+    tflops_bf16: float
+    hbm_gb: float
+    hbm_tbps: float
+    interconnect_gbps: float
+    cost: float
+
+    def __post_init__(self) -> None:
+        """Reject specs that would make a roofline estimate meaningless (NaN, negative, zero compute)."""
+        # deps: none
+        # VAL: VAL_TYPE(self.name, str, exc=ResourceError)
+        # >>> generated VAL_TYPE #e3a07552d6 (edit the annotation, not this block)
+        if not isinstance(self.name, str):
+            raise ResourceError(f"self.name must be of type str, got {type(self.name).__name__} {self.name!r}")
+        # <<< generated
+        # VAL: VAL_NON_EMPTY(self.name, exc=ResourceError)
+        # >>> generated VAL_NON_EMPTY #807a63f98f (edit the annotation, not this block)
+        if len(self.name) == 0:
+            raise ResourceError(f"self.name must not be empty, got {self.name!r}")
+        # <<< generated
+        # VAL: VAL_POSITIVE(self.tflops_bf16, exc=ResourceError)
+        # >>> generated VAL_POSITIVE #0eea42b751 (edit the annotation, not this block)
+        if not self.tflops_bf16 > 0:
+            raise ResourceError(f"self.tflops_bf16 must be > 0, got {self.tflops_bf16!r}")
+        # <<< generated
+        # VAL: VAL_NON_NEGATIVE(self.hbm_gb, exc=ResourceError)
+        # >>> generated VAL_NON_NEGATIVE #45fa9e5034 (edit the annotation, not this block)
+        if not self.hbm_gb >= 0:
+            raise ResourceError(f"self.hbm_gb must be >= 0, got {self.hbm_gb!r}")
+        # <<< generated
+        # VAL: VAL_NON_NEGATIVE(self.hbm_tbps, exc=ResourceError)
+        # >>> generated VAL_NON_NEGATIVE #59ddd1170d (edit the annotation, not this block)
+        if not self.hbm_tbps >= 0:
+            raise ResourceError(f"self.hbm_tbps must be >= 0, got {self.hbm_tbps!r}")
+        # <<< generated
+        # VAL: VAL_NON_NEGATIVE(self.interconnect_gbps, exc=ResourceError)
+        # >>> generated VAL_NON_NEGATIVE #f5ba5ffbd7 (edit the annotation, not this block)
+        if not self.interconnect_gbps >= 0:
+            raise ResourceError(f"self.interconnect_gbps must be >= 0, got {self.interconnect_gbps!r}")
+        # <<< generated
+        # VAL: VAL_POSITIVE(self.cost, exc=ResourceError)
+        # >>> generated VAL_POSITIVE #39cf80fb1f (edit the annotation, not this block)
+        if not self.cost > 0:
+            raise ResourceError(f"self.cost must be > 0, got {self.cost!r}")
+        # <<< generated
+
+
+_H800_COST_IN_H20_UNITS = 2.85  # paper Table 2: H20 = 1.00, H800 = 2.85
+
+BUILTIN_HARDWARE: Mapping[str, HardwareSpec] = MappingProxyType(
+    {
+        spec.name: spec
+        for spec in (
+            # paper Table 2
+            HardwareSpec("H800", tflops_bf16=989.5, hbm_gb=80, hbm_tbps=3.35, interconnect_gbps=400, cost=1.0),
+            HardwareSpec("H20", tflops_bf16=148, hbm_gb=96, hbm_tbps=4.0, interconnect_gbps=900,
+                         cost=1.0 / _H800_COST_IN_H20_UNITS),
+            # NVIDIA datasheets; costs are estimates relative to H800 = 1.0
+            HardwareSpec("H100", tflops_bf16=989.5, hbm_gb=80, hbm_tbps=3.35, interconnect_gbps=900, cost=1.0),
+            HardwareSpec("H200", tflops_bf16=989.5, hbm_gb=141, hbm_tbps=4.8, interconnect_gbps=900, cost=1.3),
+            HardwareSpec("A100", tflops_bf16=312, hbm_gb=80, hbm_tbps=2.039, interconnect_gbps=600, cost=0.5),
+            # a CPU node slot for environments and sandboxes: little compute, no HBM, Ethernet (25 GB/s)
+            HardwareSpec("CPU", tflops_bf16=1.0, hbm_gb=0, hbm_tbps=0, interconnect_gbps=25, cost=0.02),
+        )
+    }
+)
+
+
+class HardwareCatalogue:
+    """The hardware types one manager knows: the built-ins plus user-registered ones (no global registry)."""
+
+    def __init__(self, extra: Iterable[HardwareSpec] = ()) -> None:
+        """Start from BUILTIN_HARDWARE so every manager sees the same built-ins, then add the user's."""
+        # deps: HardwareCatalogue.register
+        self._specs: dict[str, HardwareSpec] = dict(BUILTIN_HARDWARE)
+        for spec in extra:
+            self.register(spec)
+
+    def get(self, name: str) -> HardwareSpec:
+        """Look a type up; an unknown name is an error that lists the known ones."""
+        # deps: none
+        # VAL: VAL_ONE_OF(name, choices=self._specs, exc=UnknownHardwareError)
+        # >>> generated VAL_ONE_OF #c46fd1d2fa (edit the annotation, not this block)
+        if name not in self._specs:
+            raise UnknownHardwareError(f"name must be one of {sorted(self._specs, key=repr)!r}, got {name!r}")
+        # <<< generated
+        return self._specs[name]
+
+    def register(self, spec: HardwareSpec) -> None:
+        """Add a user-defined type; re-registering the same spec is a no-op, a different one an error."""
+        # deps: none
+        # VAL: VAL_TYPE(spec, HardwareSpec, exc=ResourceError)
+        # >>> generated VAL_TYPE #ce17214705 (edit the annotation, not this block)
+        if not isinstance(spec, HardwareSpec):
+            raise ResourceError(f"spec must be of type HardwareSpec, got {type(spec).__name__} {spec!r}")
+        # <<< generated
+        # AST: AST_PRECONDITION(self._specs.get(spec.name, spec) == spec, got=spec.name, msg="a hardware name is registered with one spec only", exc=ResourceError)
+        # >>> generated AST_PRECONDITION #1d522e5347 (edit the annotation, not this block)
+        if not (self._specs.get(spec.name, spec) == spec):
+            raise ResourceError(f"Pre-condition: a hardware name is registered with one spec only, got {spec.name!r}")
+        # <<< generated
+        self._specs[spec.name] = spec
+
+    def names(self) -> tuple[str, ...]:
+        """The known type names, sorted, for messages and CLIs."""
+        # deps: none
+        return tuple(sorted(self._specs))
+
+    def __contains__(self, name: object) -> bool:
+        """Membership test used by pool validation."""
+        # deps: none
+        return name in self._specs
