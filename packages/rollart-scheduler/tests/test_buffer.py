@@ -1,0 +1,157 @@
+"""SampleBuffer: the bound alpha and the accounting invariant (ARCHITECTURE §5), as a state machine."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from rollart.env.trajectory import Trajectory, TrajectoryStatus, Turn
+from rollart.scheduler.buffer import ABORTED, BUFFERED, CONSUMED, SampleBuffer, oldest_version
+from rollart.scheduler.errors import SchedulerError, SchedulerTimeout
+
+
+@dataclass
+class FakeTraj:
+    id: str
+    group_id: str
+    versions: list[int]
+    status: str = "finished"
+    reason: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def weight_versions(self) -> list[int]:
+        return list(self.versions)
+
+
+def env_traj(tid: str, gid: str, versions: list[int]) -> Trajectory:
+    turns = [Turn(prompt_ids=[1], response_ids=[2], response_logprobs=[0.0], weight_version=v) for v in versions]
+    return Trajectory(id=tid, group_id=gid, turns=turns, status=TrajectoryStatus.FINISHED)
+
+
+def test_env_trajectory_satisfies_protocol_and_oldest_counts_every_turn():
+    t = env_traj("a", "g", [3, 2, 4])
+    assert oldest_version(t) == 2
+    buf = SampleBuffer(alpha=1, group_size=1, version=3)
+    buf.put_nowait(t)
+    assert buf.records()["a"].state == BUFFERED
+    buf.set_version(4)  # 2 < 4 - 1: the oldest token makes it stale even though its last turn is fresh
+    assert buf.records()["a"].state == ABORTED and "stale" in buf.records()["a"].reason
+
+
+async def test_get_batch_times_out():
+    buf = SampleBuffer(alpha=0, group_size=2)
+    buf.put_nowait(FakeTraj("a", "g", [0]))  # half a group is never eligible
+    with pytest.raises(SchedulerTimeout, match="get_batch"):
+        await buf.get_batch(2, timeout_s=0.05)
+    assert buf.records()["a"].state == BUFFERED
+
+
+async def test_batch_is_refilled_after_eviction():
+    buf = SampleBuffer(alpha=0, group_size=2)
+    buf.put_nowait(FakeTraj("s1", "old", [0]))
+    buf.put_nowait(FakeTraj("s2", "old", [0]))
+    buf.set_version(1)  # the complete group "old" is now stale
+
+    async def producer():
+        await asyncio.sleep(0.01)
+        buf.put_nowait(FakeTraj("f1", "new", [1]))
+        await asyncio.sleep(0.01)
+        buf.put_nowait(FakeTraj("f2", "new", [1]))
+
+    task = asyncio.create_task(producer())
+    batch = await buf.get_batch(2, timeout_s=5)
+    await task
+    assert sorted(t.id for t in batch) == ["f1", "f2"]
+    assert buf.records()["s1"].state == ABORTED
+
+
+def test_bad_arguments_name_the_field():
+    with pytest.raises(SchedulerError, match="alpha"):
+        SampleBuffer(alpha=-1, group_size=1)
+    buf = SampleBuffer(alpha=0, group_size=4)
+    with pytest.raises(SchedulerError, match="multiple of group_size"):
+        asyncio.run(buf.get_batch(6, timeout_s=0.1))
+    buf.set_version(3)
+    with pytest.raises(SchedulerError, match="versions never go backwards"):
+        buf.set_version(2)
+
+
+class BufferMachine(RuleBasedStateMachine):
+    """Random puts (fresh, stale, failed, duplicate-group), version bumps, aborts and batches."""
+
+    @initialize(alpha=st.integers(0, 2), group_size=st.integers(1, 3))
+    def setup(self, alpha, group_size):
+        self.buf = SampleBuffer(alpha=alpha, group_size=group_size)
+        self.alpha, self.gs = alpha, group_size
+        self.put_ids: list[str] = []
+        self.consumed: list[str] = []
+        self.n = 0
+        self.open_groups: list[str] = []
+
+    @rule(new_group=st.booleans(), lag=st.integers(0, 3), mixed=st.booleans(), failed=st.integers(0, 9), pick=st.integers(0, 50))
+    def put(self, new_group, lag, mixed, failed, pick):
+        if new_group or not self.open_groups:
+            gid = f"g{self.n}"
+            self.open_groups.append(gid)
+        else:
+            gid = self.open_groups[pick % len(self.open_groups)]
+        self.n += 1
+        start = max(0, self.buf.version - lag)
+        versions = [start, self.buf.version] if mixed else [start]
+        tid = f"t{self.n}"
+        status = "failed" if failed == 0 else "finished"
+        self.buf.put_nowait(FakeTraj(tid, gid, versions, status=status))
+        self.put_ids.append(tid)
+
+    @rule(step=st.integers(0, 2))
+    def bump_version(self, step):
+        self.buf.set_version(self.buf.version + step)
+
+    @rule(pick=st.integers(0, 50))
+    def abort(self, pick):
+        if self.open_groups:
+            self.buf.abort_group(self.open_groups[pick % len(self.open_groups)], "test abort")
+
+    @precondition(lambda self: self.buf.ready_count() >= self.gs)
+    @rule(k=st.integers(1, 3))
+    def get_batch(self, k):
+        groups = min(k, self.buf.ready_count() // self.gs)
+        batch = asyncio.run(self.buf.get_batch(groups * self.gs, timeout_s=1.0))
+        assert len(batch) == groups * self.gs
+        for t in batch:
+            assert oldest_version(t) >= self.buf.version - self.alpha, "batch violates alpha"
+        by_group: dict[str, int] = {}
+        for t in batch:
+            by_group[t.group_id] = by_group.get(t.group_id, 0) + 1
+        assert all(c == self.gs for c in by_group.values()), "partial group in a batch"
+        self.consumed += [t.id for t in batch]
+
+    @invariant()
+    def every_trajectory_accounted_once(self):
+        if not hasattr(self, "buf"):
+            return
+        recs = self.buf.records()
+        assert sorted(recs) == sorted(self.put_ids)
+        assert len(self.consumed) == len(set(self.consumed))
+        assert {i for i, r in recs.items() if r.state == CONSUMED} == set(self.consumed)
+        for r in recs.values():
+            assert r.state in (BUFFERED, CONSUMED, ABORTED)
+            if r.state == ABORTED:
+                assert r.reason
+        assert sum(1 for r in recs.values() if r.state == BUFFERED) == self.buf.buffered_count()
+
+    @invariant()
+    def nothing_buffered_is_out_of_bound(self):
+        if not hasattr(self, "buf"):
+            return
+        for r in self.buf.records().values():
+            if r.state == BUFFERED:
+                assert r.oldest_version >= self.buf.version - self.alpha
+
+
+TestBufferMachine = BufferMachine.TestCase
+TestBufferMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
