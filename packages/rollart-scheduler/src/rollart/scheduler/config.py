@@ -11,7 +11,6 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
 from rollart.scheduler.errors import ConfigError
 
 MODES = ("sync", "one_off", "async", "time_sharing")
