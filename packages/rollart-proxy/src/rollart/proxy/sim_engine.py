@@ -1,0 +1,369 @@
+"""SimEngine: a roofline cost model of an inference engine, for scale experiments in virtual time.
+
+It is a *simulation*, named as such: token ids are pseudo-random, but the batching, the KV
+capacity, the prefix cache and the time each step takes follow the formulas of the design doc
+(Section 4, "SimEngine cost model"). It sleeps on the running event loop's clock, so under a
+virtual-clock loop a 3,000-GPU run finishes in seconds of wall time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import zlib
+from collections import OrderedDict, deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rollart.proxy.errors import ProxyError, WorkerFailedError
+from rollart.proxy.types import (
+    FINISH_ABORT,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    EngineLoad,
+    EngineOutput,
+    EngineRequest,
+)
+
+
+class HardwareLike(Protocol):
+    """The fields of ``rollart.resource.hardware.HardwareSpec`` the cost model reads."""
+
+    name: str
+    tflops_bf16: float
+    hbm_gb: float
+    hbm_tbps: float
+
+
+@dataclass(frozen=True)
+class SimModelSpec:
+    """The shape of the simulated model: enough to count FLOPs and bytes."""
+
+    name: str
+    n_params: float
+    n_layers: int
+    hidden_size: int
+    n_kv_heads: int
+    head_dim: int
+    bytes_per_param: float = 2.0
+    vocab_size: int = 32000
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes of weights read by every decode step."""
+        return self.n_params * self.bytes_per_param
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """Bytes of K and V for one token across all layers."""
+        return 2.0 * self.n_layers * self.n_kv_heads * self.head_dim * self.bytes_per_param
+
+
+QWEN3_8B = SimModelSpec("Qwen3-8B", 8.2e9, 36, 4096, 8, 128, vocab_size=151936)
+QWEN3_32B = SimModelSpec("Qwen3-32B", 32.8e9, 64, 5120, 8, 128, vocab_size=151936)
+TINY_SIM_MODEL = SimModelSpec("tiny", 1.0e6, 2, 64, 2, 16, bytes_per_param=4.0, vocab_size=384)
+
+
+def lookup_hardware(name: str) -> HardwareLike:
+    """The catalogue entry of rollart-resource for a hardware name (H800, H20, ...)."""
+    from rollart.resource.hardware import BUILTIN_HARDWARE
+
+    catalogue: Mapping[str, Any] = BUILTIN_HARDWARE
+    # VAL: VAL_ONE_OF(name, choices=catalogue, exc=ProxyError)
+    # >>> generated VAL_ONE_OF #56c14db2c8 (edit the annotation, not this block)
+    if name not in catalogue:
+        raise ProxyError(f"name must be one of {sorted(catalogue, key=repr)!r}, got {name!r}")
+    # <<< generated
+    return catalogue[name]
+
+
+@dataclass(frozen=True)
+class RooflineModel:
+    """Step times from FLOPs over compute and bytes over memory bandwidth (design doc formulas)."""
+
+    model: SimModelSpec
+    tflops: float
+    hbm_tbps: float
+    mfu: float = 0.5
+    mbu: float = 0.7
+    step_overhead_s: float = 0.002
+
+    def prefill_seconds(self, new_tokens: int, cached_tokens: int) -> float:
+        """t = overhead + (2 P n + 4 L d n (c + n/2)) / (F * mfu)."""
+        m = self.model
+        flops = 2.0 * m.n_params * new_tokens + 4.0 * m.n_layers * m.hidden_size * new_tokens * (
+            cached_tokens + new_tokens / 2.0
+        )
+        return self.step_overhead_s + flops / (self.tflops * 1e12 * self.mfu)
+
+    def decode_seconds(self, batch: int, context_tokens: int) -> float:
+        """t = overhead + max((W + kv * C) / (B_hbm * mbu), (2 P b + 4 L d C) / (F * mfu))."""
+        m = self.model
+        bytes_moved = m.weight_bytes + m.kv_bytes_per_token * context_tokens
+        flops = 2.0 * m.n_params * batch + 4.0 * m.n_layers * m.hidden_size * context_tokens
+        return self.step_overhead_s + max(
+            bytes_moved / (self.hbm_tbps * 1e12 * self.mbu), flops / (self.tflops * 1e12 * self.mfu)
+        )
+
+
+@dataclass
+class _SimSeq:
+    request: EngineRequest
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    rng: random.Random
+    cached: int = 0  # tokens of context whose KV is resident (0 = must prefill)
+
+    @property
+    def context_len(self) -> int:
+        return len(self.request.prompt_ids) + len(self.token_ids)
+
+    def output(self, reason: str | None) -> EngineOutput:
+        return EngineOutput(
+            self.request.request_id, tuple(self.token_ids), tuple(self.logprobs), tuple(self.versions), reason
+        )
+
+
+class SimEngine:
+    """A simulated engine on one device of a given hardware type (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: SimModelSpec,
+        hardware: HardwareLike,
+        *,
+        mfu: float = 0.5,
+        mbu: float = 0.7,
+        step_overhead_s: float = 0.002,
+        kv_fraction: float = 0.9,
+        max_num_seqs: int = 256,
+        prefix_cache_entries: int = 1024,
+        stop_prob: float = 0.0,
+        time_scale: float = 1.0,
+        host_link_gbs: float = 25.0,
+        seed: int = 0,
+        version: int = 0,
+    ) -> None:
+        """``time_scale`` multiplies every sleep (0 = only yield; virtual-clock runs keep 1.0)."""
+        # VAL: VAL_POSITIVE(hardware.tflops_bf16, exc=ProxyError)
+        # >>> generated VAL_POSITIVE #69a041a63f (edit the annotation, not this block)
+        if not hardware.tflops_bf16 > 0:
+            raise ProxyError(f"hardware.tflops_bf16 must be > 0, got {hardware.tflops_bf16!r}")
+        # <<< generated
+        # VAL: VAL_POSITIVE(hardware.hbm_tbps, exc=ProxyError)
+        # >>> generated VAL_POSITIVE #ad70caf6b7 (edit the annotation, not this block)
+        if not hardware.hbm_tbps > 0:
+            raise ProxyError(f"hardware.hbm_tbps must be > 0, got {hardware.hbm_tbps!r}")
+        # <<< generated
+        # VAL: VAL_NON_NEGATIVE(time_scale, exc=ProxyError)
+        # >>> generated VAL_NON_NEGATIVE #f7a0a12cfb (edit the annotation, not this block)
+        if not time_scale >= 0:
+            raise ProxyError(f"time_scale must be >= 0, got {time_scale!r}")
+        # <<< generated
+        # VAL: VAL_POSITIVE(host_link_gbs, exc=ProxyError)
+        # >>> generated VAL_POSITIVE #8ec35ba10a (edit the annotation, not this block)
+        if not host_link_gbs > 0:
+            raise ProxyError(f"host_link_gbs must be > 0, got {host_link_gbs!r}")
+        # <<< generated
+        # VAL: VAL_INT_RANGE(max_num_seqs, min=1, max=1 << 20, exc=ProxyError)
+        # >>> generated VAL_INT_RANGE #d7512109b9 (edit the annotation, not this block)
+        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or not (1 <= max_num_seqs <= 1 << 20):
+            raise ProxyError(f"max_num_seqs must be an integer in [{ 1 }, { 1 << 20 }], got {max_num_seqs!r}")
+        # <<< generated
+        self.model = model
+        self.hardware = hardware
+        self.roofline = RooflineModel(model, hardware.tflops_bf16, hardware.hbm_tbps, mfu, mbu, step_overhead_s)
+        self.kv_capacity_tokens = int((hardware.hbm_gb * 1e9 * kv_fraction - model.weight_bytes) // model.kv_bytes_per_token)
+        # VAL: VAL_POSITIVE(self.kv_capacity_tokens, exc=ProxyError)
+        # >>> generated VAL_POSITIVE #499b0c4d6a (edit the annotation, not this block)
+        if not self.kv_capacity_tokens > 0:
+            raise ProxyError(f"self.kv_capacity_tokens must be > 0, got {self.kv_capacity_tokens!r}")
+        # <<< generated
+        self._max_num_seqs = max_num_seqs
+        self._prefix_cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._prefix_entries = prefix_cache_entries
+        self._stop_prob = stop_prob
+        self._time_scale = time_scale
+        self._host_link_gbs = host_link_gbs
+        self._seed = seed
+        self._version = version
+        self._waiting: deque[_SimSeq] = deque()
+        self._running: dict[str, _SimSeq] = {}
+        self._offloaded = False
+        self._fault_in_steps: int | None = None
+        self.stats = {"prefill_s": 0.0, "decode_s": 0.0, "steps": 0, "tokens": 0, "prefix_hit_tokens": 0}
+
+    @property
+    def version(self) -> int:
+        """The weight version now served."""
+        return self._version
+
+    @property
+    def offloaded(self) -> bool:
+        """Whether weights are off the device."""
+        return self._offloaded
+
+    def inject_fault(self, after_steps: int = 0) -> None:
+        """Make the step after ``after_steps`` more steps raise (tests of worker failure)."""
+        self._fault_in_steps = after_steps
+
+    def add_request(self, request: EngineRequest) -> None:
+        """Queue a request; resumed requests keep their tokens and pay a recompute prefill."""
+        # VAL: VAL_NON_EMPTY(request.prompt_ids, exc=ProxyError)
+        # >>> generated VAL_NON_EMPTY #5cff009abe (edit the annotation, not this block)
+        if len(request.prompt_ids) == 0:
+            raise ProxyError(f"request.prompt_ids must not be empty, got {request.prompt_ids!r}")
+        # <<< generated
+        # VAL: VAL_POSITIVE(request.remaining_tokens, exc=ProxyError)
+        # >>> generated VAL_POSITIVE #9e10b42afa (edit the annotation, not this block)
+        if not request.remaining_tokens > 0:
+            raise ProxyError(f"request.remaining_tokens must be > 0, got {request.remaining_tokens!r}")
+        # <<< generated
+        if self._offloaded:
+            raise ProxyError(f"SimEngine.add_request({request.request_id!r}): engine is offloaded")
+        rng = random.Random(zlib.crc32(f"{self._seed}:{request.request_id}:{len(request.generated_ids)}".encode()))
+        self._waiting.append(
+            _SimSeq(request, list(request.generated_ids), list(request.generated_logprobs), list(request.generated_versions), rng)
+        )
+
+    def _ids(self) -> set[str]:
+        return set(self._running) | {s.request.request_id for s in self._waiting}
+
+    def abort_request(self, request_id: str) -> EngineOutput:
+        """Remove a request, returning its tokens so far; its context stays in the prefix cache."""
+        # VAL: VAL_ONE_OF(request_id, choices=self._ids(), exc=ProxyError)
+        # >>> generated VAL_ONE_OF #2959a8cd33 (edit the annotation, not this block)
+        if request_id not in self._ids():
+            raise ProxyError(f"request_id must be one of {sorted(self._ids(), key=repr)!r}, got {request_id!r}")
+        # <<< generated
+        seq = self._running.pop(request_id, None)
+        if seq is None:
+            seq = next(s for s in self._waiting if s.request.request_id == request_id)
+            self._waiting.remove(seq)
+        self._remember_prefix(seq)
+        return seq.output(FINISH_ABORT)
+
+    def has_work(self) -> bool:
+        """Whether a step would make progress."""
+        return bool(self._waiting or self._running)
+
+    def load(self) -> EngineLoad:
+        """Occupancy; KV is counted for context tokens actually resident."""
+        used = sum(s.context_len for s in self._running.values())
+        in_flight = sum(s.context_len + s.request.remaining_tokens for s in (*self._running.values(), *self._waiting))
+        return EngineLoad(len(self._running), len(self._waiting), in_flight, max(self.kv_capacity_tokens - used, 0))
+
+    def _remember_prefix(self, seq: _SimSeq) -> None:
+        key = seq.request.trajectory_id or seq.request.request_id
+        self._prefix_cache[key] = seq.request.prompt_ids + tuple(seq.token_ids)
+        self._prefix_cache.move_to_end(key)
+        while len(self._prefix_cache) > self._prefix_entries:
+            self._prefix_cache.popitem(last=False)
+
+    def _prefix_hit(self, seq: _SimSeq) -> int:
+        cached = self._prefix_cache.get(seq.request.trajectory_id or seq.request.request_id, ())
+        context = seq.request.prompt_ids + tuple(seq.token_ids)
+        n = 0
+        for a, b in zip(cached, context):
+            if a != b:
+                break
+            n += 1
+        return min(n, len(context) - 1)  # at least one token is computed to get logits
+
+    async def _sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds * self._time_scale)
+
+    async def step(self) -> list[EngineOutput]:
+        """Prefill admissible waiting requests together, else decode all running; sleep its roofline time."""
+        if self._offloaded:
+            raise ProxyError("SimEngine.step: weights are offloaded; reload() first")
+        if self._fault_in_steps is not None:
+            if self._fault_in_steps <= 0:
+                self._fault_in_steps = None
+                raise WorkerFailedError("SimEngine: injected fault")
+            self._fault_in_steps -= 1
+        self.stats["steps"] += 1
+        admitted = self._admit()
+        if admitted:
+            new_tokens, cached = 0, 0
+            for seq in admitted:
+                hit = self._prefix_hit(seq)
+                self.stats["prefix_hit_tokens"] += hit
+                new_tokens += seq.context_len - hit
+                cached += hit
+                self._running[seq.request.request_id] = seq
+            seconds = self.roofline.prefill_seconds(new_tokens, cached)
+            self.stats["prefill_s"] += seconds
+            await self._sleep(seconds)
+            return [out for seq in admitted if (out := self._emit(seq)) is not None]
+        if not self._running:
+            return []
+        seqs = list(self._running.values())
+        seconds = self.roofline.decode_seconds(len(seqs), sum(s.context_len for s in seqs))
+        self.stats["decode_s"] += seconds
+        await self._sleep(seconds)
+        return [out for seq in seqs if (out := self._emit(seq)) is not None]
+
+    def _admit(self) -> list[_SimSeq]:
+        free = self.load().free_kv_tokens
+        admitted = []
+        while self._waiting and len(self._running) + len(admitted) < self._max_num_seqs:
+            need = self._waiting[0].context_len + self._waiting[0].request.remaining_tokens
+            if need > free and (self._running or admitted):
+                break  # a lone request always runs, so nothing waits forever
+            free -= need
+            admitted.append(self._waiting.popleft())
+        return admitted
+
+    def _emit(self, seq: _SimSeq) -> EngineOutput | None:
+        stops = seq.request.params.stop_token_ids
+        if stops and seq.rng.random() < self._stop_prob:
+            token = stops[0]
+        else:
+            token = seq.rng.randrange(self.model.vocab_size)
+            while token in stops:
+                token = seq.rng.randrange(self.model.vocab_size)
+        seq.token_ids.append(token)
+        seq.logprobs.append(-seq.rng.random() * 3.0)
+        seq.versions.append(self._version)
+        self.stats["tokens"] += 1
+        reason = FINISH_STOP if token in stops else FINISH_LENGTH if len(seq.token_ids) >= seq.request.params.max_tokens else None
+        if reason is None:
+            return None
+        del self._running[seq.request.request_id]
+        self._remember_prefix(seq)
+        return seq.output(reason)
+
+    async def offload(self) -> None:
+        """Simulate copying weights to host memory over the host link (the engine must be empty)."""
+        # AST: AST_PRECONDITION(not self.has_work(), got=sorted(self._ids()), msg="engine empty before offload")
+        # >>> generated AST_PRECONDITION #4f82b0ae85 (edit the annotation, not this block)
+        if not (not self.has_work()):
+            raise AssertionError(f"Pre-condition: engine empty before offload, got {sorted(self._ids())!r}")
+        # <<< generated
+        if not self._offloaded:
+            self._offloaded = True
+            self._prefix_cache.clear()
+            await self._sleep(self.model.weight_bytes / (self._host_link_gbs * 1e9))
+
+    async def reload(self) -> None:
+        """Simulate copying weights back to the device."""
+        if self._offloaded:
+            await self._sleep(self.model.weight_bytes / (self._host_link_gbs * 1e9))
+            self._offloaded = False
+
+    async def load_weights(self, weights: Mapping[str, Any], version: int) -> None:
+        """Take a new version (tensor contents are ignored); running requests recompute their KV."""
+        # VAL: VAL_VERSION_MONOTONIC(version, self._version, strict=False, exc=ProxyError)
+        # >>> generated VAL_VERSION_MONOTONIC #d00afba5e3 (edit the annotation, not this block)
+        if self._version is not None and not version >= self._version:
+            raise ProxyError(f"version must be >= self._version (versions never go backwards), got {version!r} with current {self._version!r}")
+        # <<< generated
+        await self._sleep(self.model.weight_bytes / (self._host_link_gbs * 1e9))
+        self._version = version
+        self._prefix_cache.clear()
+        for seq in reversed(list(self._running.values())):
+            self._waiting.appendleft(seq)
+        self._running.clear()
