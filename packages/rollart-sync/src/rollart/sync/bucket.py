@@ -1,0 +1,276 @@
+"""Bucketing: a model's named tensors as a few size-bounded, dtype-homogeneous flat buffers plus a manifest.
+
+Why buckets: one transfer per bucket (never one per parameter) keeps a weight update to a handful of
+large, batched calls; one dtype per bucket lets the receiver rebuild every tensor as a zero-copy view
+of the flat buffer and lets NCCL/gloo move typed buffers.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Union
+
+import torch
+from rollart.sync.errors import ChecksumMismatchError, SyncValidationError
+
+NamedTensors = Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]]
+"""What the trainer hands over: a state dict, or an iterable of (name, tensor) pairs."""
+
+DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
+"""32 MiB: large enough to amortise per-call overhead, small enough to fit Mooncake's staging buffer."""
+
+SUPPORTED_DTYPES: dict[str, torch.dtype] = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+"""Dtypes a manifest can name (string names keep the manifest plain JSON)."""
+
+MAX_VERSION = 2**62
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The manifest name of a torch dtype (`torch.float32` -> `"float32"`)."""
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """Where one named tensor lives inside its bucket: element offset and shape."""
+
+    name: str
+    shape: tuple[int, ...]
+    offset: int
+    numel: int
+
+
+@dataclass(frozen=True)
+class BucketSpec:
+    """One flat buffer: its dtype, size, CRC-32 checksum and the tensors packed into it, in order."""
+
+    index: int
+    dtype: str
+    numel: int
+    nbytes: int
+    checksum: int
+    entries: tuple[TensorEntry, ...]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything a receiver needs to rebuild a version: the buckets and the version number."""
+
+    version: int
+    buckets: tuple[BucketSpec, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of all buckets together (the payload of one update)."""
+        return sum(b.nbytes for b in self.buckets)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every tensor name, in bucket order."""
+        return tuple(e.name for b in self.buckets for e in b.entries)
+
+    def to_bytes(self) -> bytes:
+        """Serialise as compact JSON, so any channel can ship it next to the buckets."""
+        doc = {
+            "version": self.version,
+            "buckets": [
+                {
+                    "index": b.index,
+                    "dtype": b.dtype,
+                    "numel": b.numel,
+                    "nbytes": b.nbytes,
+                    "checksum": b.checksum,
+                    "entries": [[e.name, list(e.shape), e.offset, e.numel] for e in b.entries],
+                }
+                for b in self.buckets
+            ],
+        }
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Manifest:
+        """Parse what `to_bytes` wrote; a malformed manifest raises ChecksumMismatchError (a torn transfer)."""
+        try:
+            doc = json.loads(bytes(data).decode())
+            buckets = tuple(
+                BucketSpec(
+                    index=int(b["index"]),
+                    dtype=str(b["dtype"]),
+                    numel=int(b["numel"]),
+                    nbytes=int(b["nbytes"]),
+                    checksum=int(b["checksum"]),
+                    entries=tuple(TensorEntry(str(n), tuple(int(s) for s in shp), int(o), int(k)) for n, shp, o, k in b["entries"]),
+                )
+                for b in doc["buckets"]
+            )
+            manifest = cls(version=int(doc["version"]), buckets=buckets)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ChecksumMismatchError(f"manifest is not valid JSON of a Manifest ({exc}); torn transfer?") from exc
+        unknown = sorted({b.dtype for b in buckets} - set(SUPPORTED_DTYPES))
+        if unknown:
+            raise ChecksumMismatchError(f"manifest names unknown dtypes {unknown}; allowed {sorted(SUPPORTED_DTYPES)}")
+        return manifest
+
+
+@dataclass(frozen=True)
+class PackedWeights:
+    """A manifest and its flat buffers (1-D, contiguous, one per bucket, typed by the bucket's dtype)."""
+
+    manifest: Manifest
+    buffers: tuple[torch.Tensor, ...]
+
+
+def as_named_list(named_tensors: NamedTensors) -> list[tuple[str, torch.Tensor]]:
+    """Accept a mapping or an iterable of pairs; keep the caller's order (it decides bucket order)."""
+    if isinstance(named_tensors, Mapping):
+        return list(named_tensors.items())
+    return list(named_tensors)
+
+
+def bucket_checksum(buffer: torch.Tensor) -> int:
+    """CRC-32 of a flat buffer's bytes: ~6 GB/s here, and it catches every single-bit and burst error."""
+    flat = buffer.detach()
+    if flat.device.type != "cpu":
+        flat = flat.cpu()
+    flat = flat.contiguous().reshape(-1)
+    if flat.numel() == 0:
+        return 0
+    return zlib.crc32(flat.view(torch.uint8).numpy())
+
+
+def plan_buckets(named: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[list[int]]:
+    """Group tensor indices into buckets: same dtype, at most `bucket_bytes` (a bigger tensor gets its own).
+
+    Why a plan separate from the copy: the plan is pure arithmetic, cheap to property-test.
+    """
+    # VAL: VAL_POSITIVE(bucket_bytes, exc=SyncValidationError)
+    # >>> generated VAL_POSITIVE #2c8a84d390 (edit the annotation, not this block)
+    if not bucket_bytes > 0:
+        raise SyncValidationError(f"bucket_bytes must be > 0, got {bucket_bytes!r}")
+    # <<< generated
+    open_by_dtype: dict[torch.dtype, int] = {}
+    buckets: list[list[int]] = []
+    sizes: list[int] = []
+    for i, (_name, tensor) in enumerate(named):
+        nbytes = tensor.numel() * tensor.element_size()
+        slot = open_by_dtype.get(tensor.dtype)
+        if slot is None or sizes[slot] + nbytes > bucket_bytes:
+            slot = len(buckets)
+            buckets.append([])
+            sizes.append(0)
+            open_by_dtype[tensor.dtype] = slot
+        buckets[slot].append(i)
+        sizes[slot] += nbytes
+    return buckets
+
+
+def pack_buckets(named_tensors: NamedTensors, version: int, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> PackedWeights:
+    """Copy the tensors into flat buckets (one memcpy each) and checksum them: a snapshot the trainer may overwrite."""
+    named = as_named_list(named_tensors)
+    names = [n for n, _ in named]
+    dtypes = [dtype_name(t.dtype) for _, t in named]
+    # VAL: VAL_INT_RANGE(version, min=0, max=MAX_VERSION, exc=SyncValidationError)
+    # >>> generated VAL_INT_RANGE #4fa4f1460a (edit the annotation, not this block)
+    if isinstance(version, bool) or not isinstance(version, int) or not (0 <= version <= MAX_VERSION):
+        raise SyncValidationError(f"version must be an integer in [{ 0 }, { MAX_VERSION }], got {version!r}")
+    # <<< generated
+    # VAL: VAL_NON_EMPTY(names, exc=SyncValidationError)
+    # >>> generated VAL_NON_EMPTY #e923a914e6 (edit the annotation, not this block)
+    if len(names) == 0:
+        raise SyncValidationError(f"names must not be empty, got {names!r}")
+    # <<< generated
+    # VAL: VAL_UNIQUE(names, exc=SyncValidationError)
+    # >>> generated VAL_UNIQUE #13107de95d (edit the annotation, not this block)
+    _val_seen: set = set()
+    _val_dups = [_val_item for _val_item in names if _val_item in _val_seen or _val_seen.add(_val_item)]
+    if _val_dups:
+        raise SyncValidationError(f"names must have unique elements, duplicates {_val_dups!r} in {names!r}")
+    # <<< generated
+    # VAL: VAL_SUBSET(dtypes, of=SUPPORTED_DTYPES, exc=SyncValidationError)
+    # >>> generated VAL_SUBSET #838a7fcac8 (edit the annotation, not this block)
+    _val_extra = [_val_item for _val_item in dtypes if _val_item not in SUPPORTED_DTYPES]
+    if _val_extra:
+        raise SyncValidationError(f"dtypes must be a subset of {sorted(SUPPORTED_DTYPES, key=repr)!r}; not allowed: {_val_extra!r}")
+    # <<< generated
+    specs: list[BucketSpec] = []
+    buffers: list[torch.Tensor] = []
+    for index, members in enumerate(plan_buckets(named, bucket_bytes)):
+        dtype = named[members[0]][1].dtype
+        total = sum(named[i][1].numel() for i in members)
+        buffer = torch.empty(total, dtype=dtype)
+        entries = []
+        offset = 0
+        for i in members:
+            name, tensor = named[i]
+            numel = tensor.numel()
+            buffer[offset : offset + numel].copy_(tensor.detach().reshape(-1))
+            entries.append(TensorEntry(name=name, shape=tuple(tensor.shape), offset=offset, numel=numel))
+            offset += numel
+        buffers.append(buffer)
+        specs.append(
+            BucketSpec(
+                index=index,
+                dtype=dtype_name(dtype),
+                numel=total,
+                nbytes=total * buffer.element_size(),
+                checksum=bucket_checksum(buffer),
+                entries=tuple(entries),
+            )
+        )
+    return PackedWeights(manifest=Manifest(version=version, buckets=tuple(specs)), buffers=tuple(buffers))
+
+
+def allocate_buffers(manifest: Manifest, device: str = "cpu") -> list[torch.Tensor]:
+    """Empty flat buffers shaped by a manifest: the receiving side transfers straight into these."""
+    return [torch.empty(b.numel, dtype=SUPPORTED_DTYPES[b.dtype], device=device) for b in manifest.buckets]
+
+
+def verify_buckets(manifest: Manifest, buffers: Sequence[torch.Tensor]) -> None:
+    """Raise ChecksumMismatchError unless every buffer has its bucket's size, dtype and CRC-32.
+
+    Why before unpacking: a torn transfer must be refetched, never applied.
+    """
+    if len(buffers) != len(manifest.buckets):
+        raise ChecksumMismatchError(
+            f"version {manifest.version}: got {len(buffers)} buffers, manifest has {len(manifest.buckets)} buckets"
+        )
+    for spec, buffer in zip(manifest.buckets, buffers):
+        got_bytes = buffer.numel() * buffer.element_size()
+        if got_bytes != spec.nbytes or dtype_name(buffer.dtype) != spec.dtype:
+            raise ChecksumMismatchError(
+                f"version {manifest.version} bucket {spec.index}: got {got_bytes} bytes of {dtype_name(buffer.dtype)}, "
+                f"manifest says {spec.nbytes} bytes of {spec.dtype}"
+            )
+        got = bucket_checksum(buffer)
+        if got != spec.checksum:
+            raise ChecksumMismatchError(
+                f"version {manifest.version} bucket {spec.index}: checksum {got:#010x} != manifest {spec.checksum:#010x}"
+            )
+
+
+def unpack_buckets(manifest: Manifest, buffers: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Rebuild the named tensors as views into the flat buffers: no copy on the receiving side."""
+    # AST: AST_PRECONDITION(len(buffers) == len(manifest.buckets), got=len(buffers), msg="one buffer per bucket")
+    # >>> generated AST_PRECONDITION #0253abc65c (edit the annotation, not this block)
+    if not (len(buffers) == len(manifest.buckets)):
+        raise AssertionError(f"Pre-condition: one buffer per bucket, got {len(buffers)!r}")
+    # <<< generated
+    out: dict[str, torch.Tensor] = {}
+    for spec, buffer in zip(manifest.buckets, buffers):
+        for e in spec.entries:
+            out[e.name] = buffer[e.offset : e.offset + e.numel].view(e.shape)
+    return out

@@ -1,0 +1,138 @@
+"""Bucketing: bit-exact round trips, dtype grouping, size bounds, zero-copy rebuild, corruption detection."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from rollart.sync.bucket import (
+    SUPPORTED_DTYPES,
+    Manifest,
+    allocate_buffers,
+    bucket_checksum,
+    pack_buckets,
+    plan_buckets,
+    unpack_buckets,
+    verify_buckets,
+)
+from rollart.sync.errors import ChecksumMismatchError, SyncValidationError
+
+DTYPES = list(SUPPORTED_DTYPES.values())
+
+
+def _random_tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """Random bytes reinterpreted as `dtype`: covers NaN payloads and every bit pattern, not just nice values."""
+    g = torch.Generator().manual_seed(seed)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    numel = 1
+    for s in shape:
+        numel *= s
+    raw = torch.randint(0, 256, (numel * itemsize,), dtype=torch.uint8, generator=g)
+    if dtype == torch.bool:
+        raw = raw % 2
+    return raw.view(dtype).reshape(shape)
+
+
+def _bits(t: torch.Tensor) -> bytes:
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+named_tensor_lists = st.lists(
+    st.tuples(
+        st.sampled_from(DTYPES),
+        st.lists(st.integers(0, 6), min_size=0, max_size=3).map(tuple),
+        st.integers(0, 2**31 - 1),
+    ),
+    min_size=1,
+    max_size=8,
+).map(lambda specs: [(f"p{i}.w", _random_tensor(d, s, seed)) for i, (d, s, seed) in enumerate(specs)])
+
+
+@given(named=named_tensor_lists, bucket_bytes=st.integers(1, 512), version=st.integers(0, 10**6))
+def test_round_trip_is_bit_exact(named, bucket_bytes, version):
+    packed = pack_buckets(named, version, bucket_bytes)
+    # The receiving side: fresh buffers, filled by "the wire" (a byte copy), verified, rebuilt.
+    received = allocate_buffers(Manifest.from_bytes(packed.manifest.to_bytes()))
+    for dst, src in zip(received, packed.buffers):
+        dst.view(torch.uint8).copy_(src.view(torch.uint8))
+    manifest = Manifest.from_bytes(packed.manifest.to_bytes())
+    verify_buckets(manifest, received)
+    out = unpack_buckets(manifest, received)
+    assert manifest.version == version
+    assert sorted(out) == sorted(n for n, _ in named)  # bucket order groups by dtype
+    for name, tensor in named:
+        assert out[name].dtype == tensor.dtype
+        assert out[name].shape == tensor.shape
+        assert _bits(out[name]) == _bits(tensor)
+
+
+@given(named=named_tensor_lists, bucket_bytes=st.integers(1, 512))
+def test_buckets_are_dtype_homogeneous_and_size_bounded(named, bucket_bytes):
+    packed = pack_buckets(named, 0, bucket_bytes)
+    by_name = dict(named)
+    for spec, buffer in zip(packed.manifest.buckets, packed.buffers):
+        assert {by_name[e.name].dtype for e in spec.entries} == {SUPPORTED_DTYPES[spec.dtype]}
+        assert buffer.is_contiguous() and buffer.dim() == 1
+        # bounded, unless a single tensor is itself larger than the bound
+        assert spec.nbytes <= bucket_bytes or len(spec.entries) == 1
+    assert sorted(packed.manifest.names) == sorted(by_name)
+
+
+@given(named=named_tensor_lists)
+def test_rebuilt_tensors_are_views_of_the_buffers(named):
+    packed = pack_buckets(named, 1, 256)
+    out = unpack_buckets(packed.manifest, packed.buffers)
+    for spec, buffer in zip(packed.manifest.buckets, packed.buffers):
+        start = buffer.data_ptr()
+        end = start + buffer.numel() * buffer.element_size()
+        for e in spec.entries:
+            if e.numel:
+                assert start <= out[e.name].data_ptr() < end  # no copy: the view points into the flat buffer
+
+
+@given(named=named_tensor_lists, where=st.floats(0, 1, exclude_max=True), bit=st.integers(0, 7))
+def test_a_flipped_bit_is_detected(named, where, bit):
+    packed = pack_buckets(named, 3, 128)
+    nonempty = [i for i, b in enumerate(packed.buffers) if b.numel() > 0]
+    if not nonempty:
+        return
+    i = nonempty[int(where * len(nonempty))]
+    raw = packed.buffers[i].view(torch.uint8)
+    pos = int(where * raw.numel())
+    raw[pos] ^= 1 << bit
+    with pytest.raises(ChecksumMismatchError, match=f"bucket {i}: checksum"):
+        verify_buckets(packed.manifest, packed.buffers)
+
+
+def test_truncated_buffer_and_garbled_manifest_are_detected():
+    packed = pack_buckets({"a": torch.arange(10.0)}, 1)
+    with pytest.raises(ChecksumMismatchError, match="bytes"):
+        verify_buckets(packed.manifest, [packed.buffers[0][:5]])
+    with pytest.raises(ChecksumMismatchError, match="manifest"):
+        Manifest.from_bytes(packed.manifest.to_bytes()[:-3])
+
+
+def test_plan_groups_by_dtype_in_caller_order():
+    named = [("a", torch.zeros(4)), ("b", torch.zeros(4, dtype=torch.int64)), ("c", torch.zeros(4)), ("d", torch.zeros(100))]
+    assert plan_buckets(named, 32) == [[0, 2], [1], [3]]
+
+
+def test_non_contiguous_and_checksum_of_empty():
+    t = torch.arange(12.0).reshape(3, 4).t()
+    packed = pack_buckets([("t", t)], 0)
+    assert torch.equal(unpack_buckets(packed.manifest, packed.buffers)["t"], t)
+    assert bucket_checksum(torch.empty(0)) == 0
+
+
+def test_validation_names_field_value_and_allowed():
+    with pytest.raises(SyncValidationError, match="bucket_bytes must be > 0, got 0"):
+        pack_buckets({"a": torch.zeros(1)}, 0, bucket_bytes=0)
+    with pytest.raises(SyncValidationError, match="names must have unique elements"):
+        pack_buckets([("a", torch.zeros(1)), ("a", torch.zeros(1))], 0)
+    with pytest.raises(SyncValidationError, match="names must not be empty"):
+        pack_buckets({}, 0)
+    with pytest.raises(SyncValidationError, match="version must be an integer"):
+        pack_buckets({"a": torch.zeros(1)}, -1)
+    with pytest.raises(SyncValidationError, match="not allowed: \\['complex64'\\]"):
+        pack_buckets({"a": torch.zeros(1, dtype=torch.complex64)}, 0)
