@@ -13,7 +13,7 @@ Their costs are ESTIMATES from public cloud list prices relative to H100 ~ H800 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -147,3 +147,7 @@ class HardwareCatalogue:
         """Membership test used by pool validation."""
         # deps: none
         return name in self._specs
+
+    def __iter__(self) -> Iterator[str]:
+        """Iterate over the known names (sorted), so error messages can list them."""
+        return iter(self.names())

@@ -1,0 +1,472 @@
+"""The metadata store: the persistent, real-time view of devices, workers, services and events.
+
+Why SQLite (design D1): the two-phase ledger needs atomic multi-row updates (roles and phase in one
+transaction) and a restart must see exactly what was committed; SQLite in WAL mode gives both, in
+the standard library, with concurrent readers. ``MetadataStore`` is the small protocol the manager
+uses, so a store on shared storage can replace ``SqliteMetadataStore``.
+
+Durability: ``synchronous=NORMAL`` in WAL mode survives a crash of the controller process (what the
+ledger's recovery is about); only an OS crash or power loss may lose the last commits.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from rollart.resource.errors import ResourceError, TransitionInFlight
+from rollart.resource.ledger import (
+    OPEN_PHASES,
+    PHASE_MOVES,
+    TRANSITION_ROLES,
+    DeviceRecord,
+    Transition,
+    validate_transition,
+)
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "SERVICE_HEALTH",
+    "WORKER_HEALTH",
+    "Event",
+    "MetadataStore",
+    "ServiceRecord",
+    "SqliteMetadataStore",
+    "StoreSnapshot",
+    "WorkerRecord",
+    "migrate",
+]
+
+WORKER_HEALTH: tuple[str, ...] = ("alive", "dead", "removed")
+SERVICE_HEALTH: tuple[str, ...] = ("unknown", "healthy", "unhealthy")
+
+# Forward migrations, one list of statements per version; version N is MIGRATIONS[N - 1].
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (  # v1: the ledger
+        "CREATE TABLE devices (id INTEGER PRIMARY KEY, hw TEXT NOT NULL, role TEXT NOT NULL, owner TEXT)",
+        "CREATE TABLE transitions (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, kind TEXT NOT NULL,"
+        " from_role TEXT NOT NULL, to_role TEXT NOT NULL, devices TEXT NOT NULL, phase TEXT NOT NULL, reason TEXT)",
+        "CREATE TABLE events (seq INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, payload TEXT NOT NULL,"
+        " at REAL NOT NULL)",
+    ),
+    (  # v2: workers and serverless services
+        "CREATE TABLE workers (id TEXT PRIMARY KEY, owner TEXT NOT NULL, rank INTEGER NOT NULL, hw TEXT NOT NULL,"
+        " devices TEXT NOT NULL, health TEXT NOT NULL, restarts INTEGER NOT NULL)",
+        "CREATE TABLE services (name TEXT PRIMARY KEY, url TEXT NOT NULL, owner TEXT NOT NULL, health TEXT NOT NULL,"
+        " last_error TEXT)",
+    ),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+@dataclass(frozen=True)
+class WorkerRecord:
+    """A worker's row: where it runs and how healthy it is.
+
+    Attributes:
+        id: ``"<owner>/<rank>"``.
+        owner: the cluster that owns the worker.
+        rank: the worker's rank in its cluster.
+        hw: hardware type of its devices.
+        devices: ledger ids of its devices.
+        health: one of ``WORKER_HEALTH``.
+        restarts: how many times the cluster restarted it.
+    """
+
+    id: str
+    owner: str
+    rank: int
+    hw: str
+    devices: tuple[int, ...]
+    health: str
+    restarts: int
+
+
+@dataclass(frozen=True)
+class ServiceRecord:
+    """A registered serverless endpoint and its last known health.
+
+    Attributes:
+        name: the service name (unique).
+        url: the http(s) endpoint.
+        owner: the cluster that registered it.
+        health: one of ``SERVICE_HEALTH``.
+        last_error: the last failure seen, if any.
+    """
+
+    name: str
+    url: str
+    owner: str
+    health: str
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class Event:
+    """One entry of the event log (the persistent record of what the control plane did).
+
+    Attributes:
+        seq: monotonically increasing sequence number.
+        kind: what happened (``allocated``, ``transition_committed``, ``worker_removed``, ...).
+        payload: JSON-serialisable details.
+        at: the controller's loop time when it was recorded.
+    """
+
+    seq: int
+    kind: str
+    payload: Mapping[str, Any]
+    at: float
+
+
+@dataclass(frozen=True)
+class StoreSnapshot:
+    """Everything the store holds, for "restart restores the exact state" checks and debugging."""
+
+    schema_version: int
+    devices: tuple[DeviceRecord, ...]
+    transitions: tuple[Transition, ...]
+    workers: tuple[WorkerRecord, ...]
+    services: tuple[ServiceRecord, ...]
+    events: tuple[Event, ...]
+
+
+@runtime_checkable
+class MetadataStore(Protocol):
+    """The small interface the manager needs; SqliteMetadataStore is the embedded implementation."""
+
+    def schema_version(self) -> int: ...
+    def devices(self) -> dict[int, DeviceRecord]: ...
+    def init_devices(self, devices: Sequence[DeviceRecord]) -> None: ...
+    def claim(self, owner: str, role: str, devices: Sequence[int]) -> None: ...
+    def release(self, owner: str, devices: Sequence[int] | None = None) -> tuple[int, ...]: ...
+    def begin_transition(self, transition: Transition) -> None: ...
+    def set_phase(self, transition_id: str, phase: str, reason: str | None = None) -> Transition: ...
+    def commit_transition(self, transition_id: str) -> Transition: ...
+    def open_transition(self) -> Transition | None: ...
+    def transitions(self) -> list[Transition]: ...
+    def put_worker(self, record: WorkerRecord) -> None: ...
+    def workers(self, owner: str | None = None) -> list[WorkerRecord]: ...
+    def put_service(self, record: ServiceRecord) -> None: ...
+    def services(self) -> list[ServiceRecord]: ...
+    def append_event(self, kind: str, payload: Mapping[str, Any], at: float) -> Event: ...
+    def events(self, since: int = 0) -> list[Event]: ...
+    def snapshot(self) -> StoreSnapshot: ...
+    def close(self) -> None: ...
+
+
+def _transition_of(row: sqlite3.Row | tuple) -> Transition:
+    tid, kind, from_role, to_role, devices, phase = row
+    return Transition(tid, kind, from_role, to_role, tuple(json.loads(devices)), phase)
+
+
+def _worker_of(row: tuple) -> WorkerRecord:
+    wid, owner, rank, hw, devices, health, restarts = row
+    return WorkerRecord(wid, owner, rank, hw, tuple(json.loads(devices)), health, restarts)
+
+
+_TRANSITION_COLS = "id, kind, from_role, to_role, devices, phase"
+
+
+class SqliteMetadataStore:
+    """The embedded store: one SQLite file (WAL), every multi-row change in one transaction."""
+
+    def __init__(self, path: str | Path = ":memory:", *, busy_timeout: float = 5.0) -> None:
+        """Open (creating or migrating) the file; the busy timeout is the deadline for the write lock."""
+        # deps: migrate
+        # VAL: VAL_TIMEOUT(busy_timeout, exc=ResourceError)
+        # >>> generated VAL_TIMEOUT #b07f3c10d8 (edit the annotation, not this block)
+        if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)) or not (busy_timeout - busy_timeout == 0) or not busy_timeout > 0:
+            raise ResourceError(f"busy_timeout must be a finite timeout > 0 seconds, got {busy_timeout!r}")
+        # <<< generated
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so a write transaction takes the
+        # write lock up front and a validation inside it sees the state it is about to change.
+        self._conn = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        migrate(self._conn)
+
+    # -- plumbing ---------------------------------------------------------------------------
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._conn
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    def _transition(self, transition_id: str) -> Transition:
+        row = self._conn.execute(f"SELECT {_TRANSITION_COLS} FROM transitions WHERE id = ?", (transition_id,)).fetchone()
+        if row is None:
+            raise ResourceError(f"transition_id {transition_id!r} is not a known transition")
+        return _transition_of(row)
+
+    # -- ledger -------------------------------------------------------------------------------
+    def schema_version(self) -> int:
+        """The schema version of the open file (PRAGMA user_version)."""
+        # deps: none
+        return self._conn.execute("PRAGMA user_version").fetchone()[0]
+
+    def devices(self) -> dict[int, DeviceRecord]:
+        """The ledger: every device by id."""
+        # deps: none
+        rows = self._conn.execute("SELECT id, hw, role, owner FROM devices ORDER BY id").fetchall()
+        return {r[0]: DeviceRecord(*r) for r in rows}
+
+    def init_devices(self, devices: Sequence[DeviceRecord]) -> None:
+        """Create the device rows of a new pool, all free; refuses if rows exist already."""
+        # deps: none
+        # VAL: VAL_NON_EMPTY(devices, exc=ResourceError)
+        # >>> generated VAL_NON_EMPTY #5d875ad592 (edit the annotation, not this block)
+        if len(devices) == 0:
+            raise ResourceError(f"devices must not be empty, got {devices!r}")
+        # <<< generated
+        with self._write() as conn:
+            # AST: AST_PRECONDITION(not self.devices(), got=len(self.devices()), msg="the store has no devices yet", exc=ResourceError)
+            # >>> generated AST_PRECONDITION #88cbdaed56 (edit the annotation, not this block)
+            if not (not self.devices()):
+                raise ResourceError(f"Pre-condition: the store has no devices yet, got {len(self.devices())!r}")
+            # <<< generated
+            conn.executemany("INSERT INTO devices (id, hw, role, owner) VALUES (?, ?, 'free', NULL)",
+                             [(d.id, d.hw) for d in devices])
+
+    def claim(self, owner: str, role: str, devices: Sequence[int]) -> None:
+        """Bind free devices to an owner and role, checking they are free inside the write transaction."""
+        # deps: none
+        # VAL: VAL_NON_EMPTY(owner, exc=ResourceError)
+        # >>> generated VAL_NON_EMPTY #25e1418a9c (edit the annotation, not this block)
+        if len(owner) == 0:
+            raise ResourceError(f"owner must not be empty, got {owner!r}")
+        # <<< generated
+        # VAL: VAL_ONE_OF(role, choices=TRANSITION_ROLES, exc=ResourceError)
+        # >>> generated VAL_ONE_OF #3e042887cb (edit the annotation, not this block)
+        if role not in TRANSITION_ROLES:
+            raise ResourceError(f"role must be one of {sorted(TRANSITION_ROLES, key=repr)!r}, got {role!r}")
+        # <<< generated
+        devices = list(devices)
+        # VAL: VAL_NON_EMPTY(devices, exc=ResourceError)
+        # >>> generated VAL_NON_EMPTY #5d875ad592 (edit the annotation, not this block)
+        if len(devices) == 0:
+            raise ResourceError(f"devices must not be empty, got {devices!r}")
+        # <<< generated
+        with self._write() as conn:
+            free = {r[0] for r in conn.execute("SELECT id FROM devices WHERE role = 'free'")}
+            # VAL: VAL_SUBSET(devices, of=free, exc=ResourceError)
+            # >>> generated VAL_SUBSET #e08164a1b4 (edit the annotation, not this block)
+            _val_extra = [_val_item for _val_item in devices if _val_item not in free]
+            if _val_extra:
+                raise ResourceError(f"devices must be a subset of {sorted(free, key=repr)!r}; not allowed: {_val_extra!r}")
+            # <<< generated
+            conn.executemany("UPDATE devices SET role = ?, owner = ? WHERE id = ?", [(role, owner, d) for d in devices])
+
+    def release(self, owner: str, devices: Sequence[int] | None = None) -> tuple[int, ...]:
+        """Return an owner's devices (all, or the given ones) to the free pool; returns the ids freed."""
+        # deps: none
+        with self._write() as conn:
+            owned = [r[0] for r in conn.execute("SELECT id FROM devices WHERE owner = ? ORDER BY id", (owner,))]
+            devices = owned if devices is None else list(devices)
+            # VAL: VAL_SUBSET(devices, of=owned, exc=ResourceError)
+            # >>> generated VAL_SUBSET #b6f4c771f3 (edit the annotation, not this block)
+            _val_extra = [_val_item for _val_item in devices if _val_item not in owned]
+            if _val_extra:
+                raise ResourceError(f"devices must be a subset of {sorted(owned, key=repr)!r}; not allowed: {_val_extra!r}")
+            # <<< generated
+            pending = self.open_transition()
+            if pending is not None and set(pending.devices) & set(devices):
+                raise TransitionInFlight(
+                    f"devices {sorted(set(pending.devices) & set(devices))} are part of the open transition "
+                    f"{pending.id} ({pending.kind} {pending.from_role}->{pending.to_role}, phase {pending.phase}); "
+                    "finish or recover it before releasing them")
+            conn.executemany("UPDATE devices SET role = 'free', owner = NULL WHERE id = ?", [(d,) for d in devices])
+        return tuple(sorted(devices))
+
+    def begin_transition(self, transition: Transition) -> None:
+        """Insert a planned transition after revalidating it, atomically refusing if one is open."""
+        # deps: validate_transition
+        # AST: AST_PRECONDITION(transition.phase == "planned", got=transition.phase, msg="a new transition is planned", exc=ResourceError)
+        # >>> generated AST_PRECONDITION #0b09b7ec12 (edit the annotation, not this block)
+        if not (transition.phase == 'planned'):
+            raise ResourceError(f"Pre-condition: a new transition is planned, got {transition.phase!r}")
+        # <<< generated
+        with self._write() as conn:
+            pending = self.open_transition()
+            if pending is not None:
+                raise TransitionInFlight(
+                    f"cannot {transition.kind} devices {list(transition.devices)}: transition {pending.id} "
+                    f"({pending.kind} {pending.from_role}->{pending.to_role} of {list(pending.devices)}) is in flight "
+                    f"in phase {pending.phase!r}; one transition at a time (finish it or call recover())")
+            devices = validate_transition(transition.kind, transition.from_role, transition.to_role,
+                                          transition.devices, self.devices())
+            conn.execute(
+                "INSERT INTO transitions (id, kind, from_role, to_role, devices, phase) VALUES (?, ?, ?, ?, ?, ?)",
+                (transition.id, transition.kind, transition.from_role, transition.to_role, json.dumps(devices),
+                 "planned"))
+
+    def set_phase(self, transition_id: str, phase: str, reason: str | None = None) -> Transition:
+        """Move a transition along the state machine (not to committed: that is commit_transition)."""
+        # deps: none
+        # AST: AST_PRECONDITION(phase != "committed", got=phase, msg="commit goes through commit_transition", exc=ResourceError)
+        # >>> generated AST_PRECONDITION #cb1fd9ab5d (edit the annotation, not this block)
+        if not (phase != 'committed'):
+            raise ResourceError(f"Pre-condition: commit goes through commit_transition, got {phase!r}")
+        # <<< generated
+        with self._write() as conn:
+            current = self._transition(transition_id)
+            # VAL: VAL_STATE_TRANSITION(current.phase, phase, allowed=PHASE_MOVES, exc=ResourceError)
+            # >>> generated VAL_STATE_TRANSITION #88ed45f620 (edit the annotation, not this block)
+            if phase not in PHASE_MOVES.get(current.phase, ()):
+                raise ResourceError(f"illegal transition of current.phase: {current.phase!r} -> {phase!r}; allowed from {current.phase!r}: {sorted(PHASE_MOVES.get(current.phase, ()), key=repr)!r}")
+            # <<< generated
+            conn.execute("UPDATE transitions SET phase = ?, reason = COALESCE(?, reason) WHERE id = ?",
+                         (phase, reason, transition_id))
+        return Transition(current.id, current.kind, current.from_role, current.to_role, current.devices, phase)
+
+    def commit_transition(self, transition_id: str) -> Transition:
+        """The atomic point: apply the roles and mark committed in one SQL transaction."""
+        # deps: none
+        with self._write() as conn:
+            current = self._transition(transition_id)
+            # VAL: VAL_STATE_TRANSITION(current.phase, "committed", allowed=PHASE_MOVES, exc=ResourceError)
+            # >>> generated VAL_STATE_TRANSITION #01087d99d2 (edit the annotation, not this block)
+            if 'committed' not in PHASE_MOVES.get(current.phase, ()):
+                raise ResourceError(f"illegal transition of current.phase: {current.phase!r} -> {'committed'!r}; allowed from {current.phase!r}: {sorted(PHASE_MOVES.get(current.phase, ()), key=repr)!r}")
+            # <<< generated
+            ledger = self.devices()
+            moved = [d for d in current.devices if ledger[d].role == current.from_role]
+            # AST: AST_INVARIANT(len(moved) == len(current.devices), got=current.devices, msg="every device of the transition still has its from_role", exc=ResourceError)
+            # >>> generated AST_INVARIANT #c01468e37a (edit the annotation, not this block)
+            if not (len(moved) == len(current.devices)):
+                raise ResourceError(f"Invariant: every device of the transition still has its from_role, got {current.devices!r}")
+            # <<< generated
+            conn.executemany("UPDATE devices SET role = ? WHERE id = ?", [(current.to_role, d) for d in current.devices])
+            conn.execute("UPDATE transitions SET phase = 'committed' WHERE id = ?", (transition_id,))
+        return Transition(current.id, current.kind, current.from_role, current.to_role, current.devices, "committed")
+
+    def open_transition(self) -> Transition | None:
+        """The transition in planned/prepared/committed, if any (at most one)."""
+        # deps: none
+        marks = ", ".join("?" * len(OPEN_PHASES))
+        row = self._conn.execute(
+            f"SELECT {_TRANSITION_COLS} FROM transitions WHERE phase IN ({marks}) ORDER BY seq LIMIT 1", OPEN_PHASES
+        ).fetchone()
+        return None if row is None else _transition_of(row)
+
+    def transitions(self) -> list[Transition]:
+        """All transitions, oldest first (the history of the ledger)."""
+        # deps: none
+        rows = self._conn.execute(f"SELECT {_TRANSITION_COLS} FROM transitions ORDER BY seq").fetchall()
+        return [_transition_of(r) for r in rows]
+
+    def transition_reason(self, transition_id: str) -> str | None:
+        """Why a transition was aborted (or how it was recovered), if recorded."""
+        row = self._conn.execute("SELECT reason FROM transitions WHERE id = ?", (transition_id,)).fetchone()
+        if row is None:
+            raise ResourceError(f"transition_id {transition_id!r} is not a known transition")
+        return row[0]
+
+    # -- workers and services ----------------------------------------------------------------
+    def put_worker(self, record: WorkerRecord) -> None:
+        """Insert or replace a worker row (health reports are idempotent upserts)."""
+        # deps: none
+        # VAL: VAL_ONE_OF(record.health, choices=WORKER_HEALTH, exc=ResourceError)
+        # >>> generated VAL_ONE_OF #dea2029666 (edit the annotation, not this block)
+        if record.health not in WORKER_HEALTH:
+            raise ResourceError(f"record.health must be one of {sorted(WORKER_HEALTH, key=repr)!r}, got {record.health!r}")
+        # <<< generated
+        with self._write() as conn:
+            conn.execute("INSERT OR REPLACE INTO workers VALUES (?, ?, ?, ?, ?, ?, ?)",
+                         (record.id, record.owner, record.rank, record.hw, json.dumps(list(record.devices)),
+                          record.health, record.restarts))
+
+    def workers(self, owner: str | None = None) -> list[WorkerRecord]:
+        """Worker rows, all or one owner's, by id."""
+        # deps: none
+        cols = "id, owner, rank, hw, devices, health, restarts"
+        if owner is None:
+            rows = self._conn.execute(f"SELECT {cols} FROM workers ORDER BY owner, rank").fetchall()
+        else:
+            rows = self._conn.execute(f"SELECT {cols} FROM workers WHERE owner = ? ORDER BY rank", (owner,)).fetchall()
+        return [_worker_of(r) for r in rows]
+
+    def put_service(self, record: ServiceRecord) -> None:
+        """Insert or replace a service row."""
+        # deps: none
+        # VAL: VAL_ONE_OF(record.health, choices=SERVICE_HEALTH, exc=ResourceError)
+        # >>> generated VAL_ONE_OF #9647c9d2d4 (edit the annotation, not this block)
+        if record.health not in SERVICE_HEALTH:
+            raise ResourceError(f"record.health must be one of {sorted(SERVICE_HEALTH, key=repr)!r}, got {record.health!r}")
+        # <<< generated
+        with self._write() as conn:
+            conn.execute("INSERT OR REPLACE INTO services VALUES (?, ?, ?, ?, ?)",
+                         (record.name, record.url, record.owner, record.health, record.last_error))
+
+    def services(self) -> list[ServiceRecord]:
+        """Registered services by name."""
+        # deps: none
+        rows = self._conn.execute("SELECT name, url, owner, health, last_error FROM services ORDER BY name")
+        return [ServiceRecord(*r) for r in rows.fetchall()]
+
+    # -- events ---------------------------------------------------------------------------------
+    def append_event(self, kind: str, payload: Mapping[str, Any], at: float) -> Event:
+        """Append to the event log; payload must be JSON-serialisable."""
+        # deps: none
+        # VAL: VAL_NON_EMPTY(kind, exc=ResourceError)
+        # >>> generated VAL_NON_EMPTY #023f6e95e2 (edit the annotation, not this block)
+        if len(kind) == 0:
+            raise ResourceError(f"kind must not be empty, got {kind!r}")
+        # <<< generated
+        text = json.dumps(dict(payload), sort_keys=True)
+        with self._write() as conn:
+            seq = conn.execute("INSERT INTO events (kind, payload, at) VALUES (?, ?, ?)", (kind, text, at)).lastrowid
+        return Event(seq, kind, json.loads(text), at)
+
+    def events(self, since: int = 0) -> list[Event]:
+        """Events with seq > since, in order."""
+        # deps: none
+        rows = self._conn.execute("SELECT seq, kind, payload, at FROM events WHERE seq > ? ORDER BY seq", (since,))
+        return [Event(seq, kind, json.loads(payload), at) for seq, kind, payload, at in rows.fetchall()]
+
+    def snapshot(self) -> StoreSnapshot:
+        """Every table, for equality checks across a restart."""
+        # deps: devices, transitions, workers, services, events
+        return StoreSnapshot(self.schema_version(), tuple(self.devices().values()), tuple(self.transitions()),
+                             tuple(self.workers()), tuple(self.services()), tuple(self.events()))
+
+    def close(self) -> None:
+        """Close the connection (a crashed controller simply never calls it)."""
+        # deps: none
+        self._conn.close()
+
+
+def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
+    """Bring a database to the target schema version, one migration per transaction; returns the version."""
+    # deps: MIGRATIONS
+    # VAL: VAL_INT_RANGE(target, min=1, max=SCHEMA_VERSION, exc=ResourceError)
+    # >>> generated VAL_INT_RANGE #4fa105dc8e (edit the annotation, not this block)
+    if isinstance(target, bool) or not isinstance(target, int) or not (1 <= target <= SCHEMA_VERSION):
+        raise ResourceError(f"target must be an integer in [{ 1 }, { SCHEMA_VERSION }], got {target!r}")
+    # <<< generated
+    current = conn.execute("PRAGMA user_version").fetchone()[0]
+    if current > SCHEMA_VERSION:
+        raise ResourceError(f"store schema version {current} is newer than this code supports ({SCHEMA_VERSION}); "
+                            "upgrade rollart-resource")
+    for version in range(current + 1, target + 1):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in MIGRATIONS[version - 1]:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {version:d}")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+    return max(current, target)
