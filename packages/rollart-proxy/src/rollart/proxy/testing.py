@@ -15,6 +15,8 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
+import selectors
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +101,31 @@ def prompts_of_mixed_lengths(n: int, *, seed: int = 0, min_len: int = 3, max_len
     return [
         [rng.randrange(low, TINY_VOCAB_SIZE) for _ in range(rng.randint(min_len, max_len))] for _ in range(n)
     ]
+
+
+
+class _JumpingSelector(selectors.DefaultSelector):
+    def __init__(self, loop: VirtualLoop) -> None:
+        super().__init__()
+        self._vloop = loop
+
+    def select(self, timeout: float | None = None):
+        if timeout is not None and timeout > 0:
+            self._vloop.now += timeout
+        return super().select(0)
+
+
+class VirtualLoop(asyncio.SelectorEventLoop):
+    """An event loop whose ``time()`` is virtual and jumps when the loop would block.
+
+    The same idea as ``rollart.env.virtual_clock`` (which rollart.proxy may not import): SimEngine
+    workers under this loop run hours of simulated serving in milliseconds. No real I/O.
+    """
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        super().__init__(selector=_JumpingSelector(self))
+
+    def time(self) -> float:
+        """The virtual time in seconds."""
+        return self.now

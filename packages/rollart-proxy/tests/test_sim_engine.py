@@ -1,0 +1,111 @@
+"""Step 3: the simulated roofline engine."""
+
+from __future__ import annotations
+
+import pytest
+from rollart.proxy.errors import ProxyError
+from rollart.proxy.sim_engine import QWEN3_8B, RooflineModel, SimEngine, lookup_hardware
+from rollart.proxy.testing import VirtualLoop
+from rollart.proxy.types import EngineRequest, SamplingParams
+
+
+def roofline(hw: str) -> RooflineModel:
+    spec = lookup_hardware(hw)
+    return RooflineModel(QWEN3_8B, spec.tflops_bf16, spec.hbm_tbps)
+
+
+def test_decode_is_bandwidth_bound_and_batching_amortises():
+    model = roofline("H800")
+    one = model.decode_seconds(1, 1000)
+    weights_only = QWEN3_8B.weight_bytes / (3.35e12 * 0.7)
+    assert one == pytest.approx(0.002 + weights_only + QWEN3_8B.kv_bytes_per_token * 1000 / (3.35e12 * 0.7))
+    batch = model.decode_seconds(64, 64 * 1000)
+    assert batch / 64 < one / 10  # per-token cost falls by > 10x with a batch of 64
+
+
+def test_hardware_affinity_follows_the_roofline():
+    # prefill is compute bound: H800 (989 TFLOPS) beats H20 (148); decode is bandwidth bound: H20 (4.0 TB/s) wins
+    assert roofline("H800").prefill_seconds(4096, 0) < roofline("H20").prefill_seconds(4096, 0) / 4
+    assert roofline("H20").decode_seconds(8, 8 * 2000) < roofline("H800").decode_seconds(8, 8 * 2000)
+
+
+def test_prefill_cost_grows_with_cached_context_and_prefix_hits_cut_it():
+    model = roofline("H20")
+    assert model.prefill_seconds(100, 4000) > model.prefill_seconds(100, 0)
+    assert model.prefill_seconds(100, 4000) < model.prefill_seconds(4100, 0)
+
+
+def run_engine(engine: SimEngine, requests: list[EngineRequest]) -> tuple[dict, float]:
+    loop = VirtualLoop()
+
+    async def go():
+        for req in requests:
+            engine.add_request(req)
+        outs = {}
+        while engine.has_work():
+            for out in await engine.step():
+                outs[out.request_id] = out
+        return outs
+
+    try:
+        start = loop.time()
+        outs = loop.run_until_complete(go())
+        return outs, loop.time() - start
+    finally:
+        loop.close()
+
+
+def test_engine_runs_in_virtual_time_and_charges_its_roofline():
+    engine = SimEngine(QWEN3_8B, lookup_hardware("H20"))
+    reqs = [EngineRequest(f"r{i}", tuple(range(1, 500)), SamplingParams(max_tokens=200), f"t{i}") for i in range(8)]
+    outs, elapsed = run_engine(engine, reqs)
+    assert all(len(o.token_ids) == 200 and o.finish_reason == "length" for o in outs.values())
+    assert elapsed == pytest.approx(engine.stats["prefill_s"] + engine.stats["decode_s"])
+    assert engine.stats["steps"] == 200  # one batched prefill, 199 batched decodes
+    assert elapsed > 1.0  # seconds of simulated time
+
+
+def test_multi_turn_prompt_hits_the_prefix_cache():
+    engine = SimEngine(QWEN3_8B, lookup_hardware("H20"))
+    first, _ = run_engine(engine, [EngineRequest("a", tuple(range(1, 2000)), SamplingParams(max_tokens=50), "traj")])
+    second_prompt = tuple(range(1, 2000)) + first["a"].token_ids + (7, 8, 9)
+    before = engine.stats["prefill_s"]
+    run_engine(engine, [EngineRequest("b", second_prompt, SamplingParams(max_tokens=5), "traj")])
+    assert engine.stats["prefix_hit_tokens"] == 1999 + 50
+    cold = engine.roofline.prefill_seconds(len(second_prompt), 0)
+    assert engine.stats["prefill_s"] - before < cold / 10
+
+
+def test_weight_update_keeps_tokens_and_tags_versions():
+    engine = SimEngine(QWEN3_8B, lookup_hardware("H20"))
+    loop = VirtualLoop()
+
+    async def go():
+        engine.add_request(EngineRequest("a", (1, 2, 3), SamplingParams(max_tokens=10)))
+        for _ in range(4):
+            await engine.step()
+        await engine.load_weights({}, 3)
+        outs = []
+        while engine.has_work():
+            outs += await engine.step()
+        return outs[0]
+
+    out = loop.run_until_complete(go())
+    loop.close()
+    assert out.token_versions == (0,) * 4 + (3,) * 6
+    with pytest.raises(ProxyError, match="versions never go backwards"):
+        VirtualLoop().run_until_complete(engine.load_weights({}, 2))
+
+
+def test_injected_fault_raises_and_unknown_hardware_is_rejected():
+    engine = SimEngine(QWEN3_8B, lookup_hardware("H20"), time_scale=0)
+    engine.add_request(EngineRequest("a", (1, 2, 3), SamplingParams(max_tokens=10)))
+    engine.inject_fault(1)
+    loop = VirtualLoop()
+    loop.run_until_complete(engine.step())
+    with pytest.raises(Exception, match="injected fault"):
+        loop.run_until_complete(engine.step())
+    assert len(engine.abort_request("a").token_ids) == 1  # state survives for migration
+    loop.close()
+    with pytest.raises(ProxyError, match="name must be one of .*'H20'.*got 'TPU'"):
+        lookup_hardware("TPU")
