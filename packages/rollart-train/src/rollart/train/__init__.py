@@ -1,7 +1,8 @@
 """rollart.train: RL advantages and losses (GRPO, PPO-clip) and training workers: torch on CPU, megatron-core on GPUs.
 
-`MegatronTrainer` is imported lazily (attribute access), so `import rollart.train` never needs
-megatron-core; install the `[megatron]` extra to use it.
+`MegatronTrainer` is imported lazily on attribute access (`rollart.train.MegatronTrainer`) and is
+left out of `__all__`, so neither `import rollart.train` nor a star import needs megatron-core;
+install the `[megatron]` extra to use it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ __version__ = "0.1.0"
 __all__ = [
     "AGGREGATIONS",
     "LossConfig",
-    "MegatronTrainer",
     "PolicyTrainer",
     "TorchTrainer",
     "TrainBatch",
