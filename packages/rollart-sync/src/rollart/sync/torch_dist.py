@@ -1,0 +1,223 @@
+"""TorchDistributedChannel: bucketed broadcast from the trainer's rank over a torch.distributed group.
+
+The intra-cluster path (the paper's `model_update_group`): gloo on CPU here, NCCL on GPUs. The
+process group is created by the caller (the pipeline or the resource layer); this channel only
+issues collectives on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+from rollart.sync.bucket import (
+    DEFAULT_BUCKET_BYTES,
+    Manifest,
+    NamedTensors,
+    PackedWeights,
+    allocate_buffers,
+    pack_buckets,
+    unpack_buckets,
+    verify_buckets,
+)
+from rollart.sync.channel import DEFAULT_TIMEOUT_S, MAX_ATTEMPTS, PublishHandle, WeightSnapshot
+from rollart.sync.errors import (
+    ChannelClosedError,
+    ChecksumMismatchError,
+    StaleVersionError,
+    SyncTimeoutError,
+    SyncValidationError,
+    VersionNotAvailableError,
+)
+from rollart.sync.versioning import LATEST, RetainedVersions, VersionLedger, VersionSpec
+
+_OK, _CORRUPT = 0, 1
+
+
+class TorchDistributedChannel:
+    """Bucketed broadcast from `src_rank` to every other rank of `group`, receivers voting on integrity.
+
+    One update: header (version, manifest length, manifest CRC) -> manifest -> all buckets as
+    `async_op` broadcasts waited together -> `all_reduce(MAX)` of a corrupt flag; on a corrupt vote
+    the buckets go again, up to `max_attempts`. Collectives run on one dedicated thread so every rank
+    issues them in the same order and the event loop never blocks; every asyncio wait has a deadline
+    and the process group's own timeout bounds the thread.
+    """
+
+    def __init__(
+        self,
+        group: Any = None,
+        src_rank: int = 0,
+        keep_last: int = 2,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        max_attempts: int = 3,
+        device: str = "cpu",
+        receive_hook: Callable[[int, Sequence[torch.Tensor]], None] | None = None,
+    ) -> None:
+        """receive_hook(attempt, buffers) sees received buffers before verification (fault-injection seam for tests)."""
+        import torch.distributed as dist
+
+        # VAL: VAL_INT_RANGE(max_attempts, min=1, max=MAX_ATTEMPTS, exc=SyncValidationError)
+        # >>> generated VAL_INT_RANGE #80c4c23976 (edit the annotation, not this block)
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not (1 <= max_attempts <= MAX_ATTEMPTS):
+            raise SyncValidationError(f"max_attempts must be an integer in [{ 1 }, { MAX_ATTEMPTS }], got {max_attempts!r}")
+        # <<< generated
+        # AST: AST_PRECONDITION(dist.is_initialized(), got=group, msg="torch.distributed process group initialised before the channel")
+        # >>> generated AST_PRECONDITION #7c8d485f51 (edit the annotation, not this block)
+        if not (dist.is_initialized()):
+            raise AssertionError(f"Pre-condition: torch.distributed process group initialised before the channel, got {group!r}")
+        # <<< generated
+        self._dist = dist
+        self._group = group
+        self._rank = dist.get_rank()
+        self._src = src_rank
+        self._bucket_bytes = bucket_bytes
+        self._max_attempts = max_attempts
+        self._device = device
+        self._receive_hook = receive_hook
+        self._retained = RetainedVersions(keep_last)
+        self._published = VersionLedger()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollart-sync-collectives")
+        self._pending: asyncio.Future[tuple[Manifest, list[torch.Tensor], int]] | None = None
+        self._closed = False
+
+    @property
+    def is_source(self) -> bool:
+        """True on the trainer's rank (the one that publishes)."""
+        return self._rank == self._src
+
+    @property
+    def versions(self) -> tuple[int, ...]:
+        """Versions retained on this rank, oldest first."""
+        return self._retained.versions
+
+    # ---- the collective sequence (runs on the dedicated thread) -------------------------------------
+
+    def _on_device(self, buffer: torch.Tensor) -> torch.Tensor:
+        return buffer if self._device == "cpu" else buffer.to(self._device)
+
+    def _broadcast_buckets(self, buffers: Sequence[torch.Tensor]) -> None:
+        works = [
+            self._dist.broadcast(b.view(torch.uint8), self._src, group=self._group, async_op=True)
+            for b in buffers
+            if b.numel() > 0
+        ]
+        for work in works:
+            work.wait()
+
+    def _vote(self, corrupt: bool) -> bool:
+        flag = torch.tensor([_CORRUPT if corrupt else _OK], dtype=torch.int64, device=self._device)
+        self._dist.all_reduce(flag, op=self._dist.ReduceOp.MAX, group=self._group)
+        return int(flag.item()) == _OK
+
+    def _broadcast_update(self, packed: PackedWeights) -> None:
+        raw = packed.manifest.to_bytes()
+        header = torch.tensor([packed.manifest.version, len(raw), zlib.crc32(raw)], dtype=torch.int64, device=self._device)
+        self._dist.broadcast(header, self._src, group=self._group)
+        self._dist.broadcast(self._on_device(torch.frombuffer(bytearray(raw), dtype=torch.uint8)), self._src, group=self._group)
+        buffers = [self._on_device(b) for b in packed.buffers]
+        for attempt in range(1, self._max_attempts + 1):
+            self._broadcast_buckets(buffers)
+            if self._vote(corrupt=False):
+                return
+            if attempt == self._max_attempts:
+                raise ChecksumMismatchError(
+                    f"version {packed.manifest.version}: receivers reported corrupt buckets on all {attempt} attempts"
+                )
+
+    def _receive_update(self) -> tuple[Manifest, list[torch.Tensor], int]:
+        header = torch.empty(3, dtype=torch.int64, device=self._device)
+        self._dist.broadcast(header, self._src, group=self._group)
+        version, length, crc = (int(x) for x in header.cpu().tolist())
+        raw = torch.empty(length, dtype=torch.uint8, device=self._device)
+        self._dist.broadcast(raw, self._src, group=self._group)
+        raw_bytes = raw.cpu().numpy().tobytes()
+        if zlib.crc32(raw_bytes) != crc:
+            # The bucket sizes are unknown, so this rank cannot follow the sequence: the group is unusable.
+            raise ChecksumMismatchError(f"version {version}: manifest checksum mismatch; the process group must be rebuilt")
+        manifest = Manifest.from_bytes(raw_bytes)
+        buffers = allocate_buffers(manifest, self._device)
+        for attempt in range(1, self._max_attempts + 1):
+            self._broadcast_buckets(buffers)
+            if self._receive_hook is not None:
+                self._receive_hook(attempt, buffers)
+            try:
+                verify_buckets(manifest, buffers)
+                corrupt = False
+            except ChecksumMismatchError:
+                corrupt = True
+            if self._vote(corrupt):
+                return manifest, buffers, attempt
+        raise ChecksumMismatchError(f"version {version}: buckets corrupt on all {self._max_attempts} attempts; not applied")
+
+    # ---- the channel interface ---------------------------------------------------------------------------
+
+    def publish(self, named_tensors: NamedTensors, version: int) -> PublishHandle:
+        """On src_rank: snapshot and broadcast in the background; return at once."""
+        if self._closed:
+            raise ChannelClosedError("TorchDistributedChannel is closed")
+        # AST: AST_PRECONDITION(self.is_source, got=self._rank, msg="only src_rank publishes")
+        # >>> generated AST_PRECONDITION #79398a6721 (edit the annotation, not this block)
+        if not (self.is_source):
+            raise AssertionError(f"Pre-condition: only src_rank publishes, got {self._rank!r}")
+        # <<< generated
+        # VAL: VAL_VERSION_MONOTONIC(version, self._published.current, exc=StaleVersionError)
+        # >>> generated VAL_VERSION_MONOTONIC #7860190cbb (edit the annotation, not this block)
+        if self._published.current is not None and not version > self._published.current:
+            raise StaleVersionError(f"version must be > self._published.current (versions never go backwards), got {version!r} with current {self._published.current!r}")
+        # <<< generated
+        packed = pack_buckets(named_tensors, version, self._bucket_bytes)
+        self._published.advance(version)
+        self._retained.add(packed)
+        future = asyncio.get_running_loop().run_in_executor(self._executor, self._broadcast_update, packed)
+        return PublishHandle(version, future)
+
+    async def fetch(self, version: VersionSpec = LATEST, timeout: float = DEFAULT_TIMEOUT_S) -> WeightSnapshot:
+        """On a receiver: a retained version, or join the next broadcast(s) until the deadline.
+
+        "latest" means the next broadcast (a receiver learns of a newer version only by joining it).
+        A receive cut short by the deadline stays pending and the next fetch collects it, so no
+        broadcast is lost and every rank stays in step.
+        """
+        # VAL: VAL_TIMEOUT(timeout, exc=SyncValidationError)
+        # >>> generated VAL_TIMEOUT #a851cc4a4c (edit the annotation, not this block)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
+            raise SyncValidationError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
+        # <<< generated
+        if self._closed:
+            raise ChannelClosedError("TorchDistributedChannel is closed")
+        if version != LATEST and self._retained.get(version) is not None:
+            packed = self._retained.get(version)
+            assert packed is not None
+            return WeightSnapshot(version, packed.manifest, unpack_buckets(packed.manifest, packed.buffers))
+        if self.is_source:
+            raise VersionNotAvailableError(f"version {version!r} is not retained on the source rank {self._rank}")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            if self._pending is None:
+                self._pending = loop.run_in_executor(self._executor, self._receive_update)
+            remaining = deadline - loop.time()
+            try:
+                manifest, buffers, attempts = await asyncio.wait_for(asyncio.shield(self._pending), max(remaining, 0))
+            except asyncio.TimeoutError as exc:
+                raise SyncTimeoutError(f"no broadcast of version {version!r} arrived within {timeout} s") from exc
+            finally:
+                if self._pending is not None and self._pending.done():
+                    self._pending = None
+            received = manifest.version
+            if self._retained.latest is None or received > self._retained.latest:
+                self._retained.add(PackedWeights(manifest, tuple(buffers)))
+            if version == LATEST or received == version:
+                return WeightSnapshot(received, manifest, unpack_buckets(manifest, buffers), attempts)
+            if received > version:
+                raise VersionNotAvailableError(f"version {version} was skipped: the next broadcast carried {received}")
+
+    async def close(self) -> None:
+        """Stop the collective thread (a collective in flight ends with the process group's timeout)."""
+        self._closed = True
+        self._executor.shutdown(wait=False, cancel_futures=True)
