@@ -38,7 +38,9 @@ async def test_add_during_decode_does_not_stall_batch(tiny_model_path):
     finished: list[str] = []
     long_task = asyncio.create_task(worker.submit(long_req))
     long_task.add_done_callback(lambda _: finished.append("long"))
-    while worker.stats().steps < 5:
+    for _ in range(10_000):  # bounded wait for the long request to be decoding
+        if worker.stats().steps >= 5:
+            break
         await asyncio.sleep(0.001)
     short = await worker.submit(short_req)
     finished.append("short")
