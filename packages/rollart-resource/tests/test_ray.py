@@ -5,6 +5,9 @@ from __future__ import annotations
 import sys
 
 import pytest
+from rollart.resource.cluster import Cluster
+from rollart.resource.decorators import hw_mapping, register
+from rollart.resource.manager import ResourceManager
 from rollart.resource.runtime import RayRuntime, WorkerContext
 from rollart.resource.worker import Worker
 
@@ -42,3 +45,42 @@ async def test_workers_land_on_right_hardware(ray_rt, ray_cluster):
     finally:
         for h in handles:
             await ray_rt.remove(h)
+
+
+class RayTrainer(Worker):
+    @register(mode="execute_all")
+    def compute_gradients(self, batch):
+        import ray
+
+        return self.rank, sum(batch), ray.get_runtime_context().get_assigned_resources().get(self.hw)
+
+    @register(mode="execute_rank0")
+    def save(self, path):
+        return f"{path}@{self.rank}"
+
+    @register(mode="dp_split")
+    async def square(self, items):
+        return [(x * x, self.rank) for x in items]
+
+
+class RayGen(Worker):
+    @hw_mapping(hw_affinity={"FrozenLake": "H800", "default": "H20"})
+    def generate(self, input_ids, tag_name="default"):
+        return self.hw, tag_name, list(input_ids)
+
+
+async def test_ray_dispatch_modes_and_routing(ray_rt):
+    rm = ResourceManager({"H800": range(0, 4), "H20": range(4, 8)})
+    trainers = await Cluster.create(rm, RayTrainer, role="train", hw="H800", num_workers=2, runtime=ray_rt)
+    gens = await Cluster.create(rm, RayGen, role="rollout", hw={"H800": 1, "H20": 2}, num_workers=3, runtime=ray_rt)
+    try:
+        assert await trainers.compute_gradients([1, 2, 3]) == [(0, 6, 1.0), (1, 6, 1.0)]
+        assert await trainers.save("ckpt") == "ckpt@0"
+        assert await trainers.square([1, 2, 3]) == [(1, 0), (4, 0), (9, 1)]
+        assert await gens.generate([7], tag_name="FrozenLake") == ("H800", "FrozenLake", [7])
+        assert {(await gens.generate([8], tag_name="GEM-math"))[0] for _ in range(4)} == {"H20"}
+        assert (await gens.generate([9]))[0] == "H20"
+    finally:
+        await trainers.shutdown()
+        await gens.shutdown()
+    assert all(r.role == "free" for r in rm.devices().values())
