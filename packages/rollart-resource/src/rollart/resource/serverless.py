@@ -67,7 +67,9 @@ class ServerlessClient:
     def _http(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
-            self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout))
+            # plain http needs no TLS context (building one loads the CA bundle: ~1 s on a busy machine)
+            verify = self.url.startswith("https://")
+            self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout), verify=verify)
             self._loop = loop
         return self._client
 
