@@ -7,6 +7,7 @@ import sys
 import pytest
 from rollart.resource.cluster import Cluster
 from rollart.resource.decorators import hw_mapping, register
+from rollart.resource.errors import WorkerFailedError
 from rollart.resource.manager import ResourceManager
 from rollart.resource.runtime import RayRuntime, WorkerContext
 from rollart.resource.worker import Worker
@@ -84,3 +85,29 @@ async def test_ray_dispatch_modes_and_routing(ray_rt):
         await trainers.shutdown()
         await gens.shutdown()
     assert all(r.role == "free" for r in rm.devices().values())
+
+
+async def test_ray_killed_worker_restarted_then_removed(ray_rt, ray_cluster):
+    from ray.util.placement_group import placement_group_table
+
+    rm = ResourceManager({"H800": range(0, 4), "H20": range(4, 8)})
+    removed = []
+    rm.subscribe(lambda e: removed.append(e) if e.kind == "worker_removed" else None)
+    cluster = await Cluster.create(rm, RayTrainer, role="train", hw="H20", num_workers=2, runtime=ray_rt, name="rt")
+    try:
+        victim = cluster._members[1]
+        pg = victim.handle.placement_group
+        ray_cluster.kill(victim.handle.actor, no_restart=True)
+        assert await cluster.check_health() == {0: "ok", 1: "restarted"}
+        assert cluster._members[1].handle.placement_group is pg  # same bundle, same devices
+        assert await cluster.compute_gradients([2]) == [(0, 2, 1.0), (1, 2, 1.0)]
+        ray_cluster.kill(cluster._members[1].handle.actor, no_restart=True)
+        with pytest.raises(WorkerFailedError, match="rt/1 died and was removed"):
+            await cluster.compute_gradients([2])
+        assert cluster.ranks == (0,)
+        assert placement_group_table(pg)["state"] == "REMOVED"
+        assert rm.devices()[5].role == "free"
+        assert [e.payload["worker"] for e in removed] == ["rt/1"]
+        assert await cluster.compute_gradients([3]) == [(0, 3, 1.0)]
+    finally:
+        await cluster.shutdown()
