@@ -1,0 +1,128 @@
+"""Small adapters at the package seams (the scheduler is the one package that imports all others).
+
+Why here: `rollart.env` defines `LLMClient`/`TrajectorySink`, `rollart.proxy` serves `generate`,
+`rollart.sync` calls `load_weights(weights, version)`, `rollart.train` takes `TrainSample`s; none
+of them may import the others (ARCHITECTURE §2), so the wiring lives in the scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from rollart.env.protocols import GenerationRequest, GenerationResult
+from rollart.env.trajectory import Trajectory
+from rollart.proxy.proxy import LLMProxy
+from rollart.proxy.types import GenerateRequest
+from rollart.proxy.types import SamplingParams as ProxySampling
+from rollart.scheduler.buffer import SampleBuffer
+from rollart.scheduler.timesharing import SwitchCost
+from rollart.train.batch import TrainSample
+
+
+class ProxyLLMClient:
+    """env's `LLMClient` over `LLMProxy.generate` (token ids in, token ids + versions out)."""
+
+    def __init__(self, proxy: LLMProxy, timeout_s: float = 600.0) -> None:
+        """`timeout_s` bounds each generate call."""
+        self.proxy = proxy
+        self.timeout_s = timeout_s
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Translate the request, call the proxy, translate the answer."""
+        s = request.sampling
+        params = ProxySampling(max_tokens=request.max_tokens, temperature=s.temperature, top_p=s.top_p,
+                               top_k=max(s.top_k, 0), seed=s.seed, stop_token_ids=tuple(s.stop_token_ids))
+        resp = await self.proxy.generate(
+            GenerateRequest(tuple(request.prompt_ids), params, trajectory_id=request.trajectory_id, tag=request.tag),
+            timeout_s=self.timeout_s,
+        )
+        reason = resp.finish_reason if resp.finish_reason in ("stop", "length", "abort") else "abort"
+        return GenerationResult(list(resp.token_ids), list(resp.logprobs), list(resp.token_versions), reason)
+
+
+class ProxyWeightLoader:
+    """sync's `WeightLoader` over `LLMProxy.update_weights` (active workers now, offloaded ones on expand)."""
+
+    def __init__(self, proxy: LLMProxy) -> None:
+        """Wrap the proxy."""
+        self.proxy = proxy
+
+    async def load_weights(self, weights: Mapping[str, Any], version: int) -> None:
+        """Push `version` through the proxy."""
+        await self.proxy.update_weights(weights, version)
+
+
+class ProxyElasticPool:
+    """The controller's `ElasticRolloutPool` over `LLMProxy.shrink/expand`, one device per worker rank.
+
+    An optional `ledger` (rollart.resource `ResourceManager`) records each move of devices between
+    the `rollout` and `train` roles, so the role ledger and the proxy agree.
+    """
+
+    def __init__(self, proxy: LLMProxy, ledger: Any | None = None, timeout_s: float = 120.0) -> None:
+        """`ledger` needs async `shrink(from_role, to_role, devices)` / `expand(...)` if given."""
+        self.proxy = proxy
+        self.ledger = ledger
+        self.timeout_s = timeout_s
+        self._device_rank = {d: slot.rank for slot in proxy.slots for d in slot.devices}
+
+    def rollout_devices(self) -> list[int]:
+        """Devices of the workers that take new requests."""
+        active = set(self.proxy.active_ranks())
+        return sorted(d for s in self.proxy.slots if s.rank in active for d in s.devices)
+
+    def load(self) -> dict[int, int]:
+        """In-flight requests per rollout device."""
+        active = set(self.proxy.active_ranks())
+        return {d: len(s.inflight) for s in self.proxy.slots if s.rank in active for d in s.devices}
+
+    async def shrink(self, devices: list[int]) -> SwitchCost:
+        """Hand the requests of these devices' workers back (migration) and offload their weights."""
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await self.proxy.shrink(sorted({self._device_rank[d] for d in devices}))
+        t1 = loop.time()
+        if self.ledger is not None:
+            await self.ledger.shrink("rollout", "train", devices, timeout=self.timeout_s)
+        return SwitchCost(offload_s=t1 - t0, migration_s=loop.time() - t1)
+
+    async def expand(self, devices: list[int]) -> SwitchCost:
+        """Reload the workers with the latest weights and rebalance requests onto them."""
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        if self.ledger is not None:
+            await self.ledger.expand("train", "rollout", devices, timeout=self.timeout_s)
+        await self.proxy.expand(sorted({self._device_rank[d] for d in devices}))
+        return SwitchCost(reload_s=loop.time() - t0)
+
+
+class RewardingSink:
+    """env's `TrajectorySink`: score a finished trajectory with its task's reward, then buffer it."""
+
+    def __init__(self, buffer: SampleBuffer, reward_fn: Callable[[Trajectory], float],
+                 on_put: Callable[[Trajectory], None] | None = None) -> None:
+        """`on_put` observes every trajectory (the rollout scheduler's accounting)."""
+        self.buffer = buffer
+        self.reward_fn = reward_fn
+        self.on_put = on_put
+
+    def put_nowait(self, trajectory: Trajectory) -> None:
+        """Never blocks: rewards here are cheap rules; a reward service would be awaited elsewhere."""
+        if trajectory.status == "finished" and trajectory.reward is None:
+            trajectory.reward = float(self.reward_fn(trajectory))
+        if self.on_put is not None:
+            self.on_put(trajectory)
+        self.buffer.put_nowait(trajectory)
+
+
+def trajectories_to_samples(batch: Sequence[Trajectory]) -> list[TrainSample]:
+    """Trajectories as train's plain-list samples; string group ids become small ints."""
+    groups: dict[str, int] = {}
+    out = []
+    for t in batch:
+        gid = groups.setdefault(t.group_id, len(groups))
+        out.append(TrainSample(token_ids=t.token_ids(), policy_mask=t.policy_mask(),
+                               behaviour_log_probs=t.logprobs(), reward=float(t.reward or 0.0), group_id=gid))
+    return out
