@@ -1,0 +1,132 @@
+"""MooncakeChannel over TCP on 127.0.0.1: cross-process bit-exactness, GC of old versions, corruption.
+
+Needs `mooncake-transfer-engine(-non-cuda)` (and Debian's libibverbs1); skips with the import error
+otherwise. The fixture starts a master and a metadata server bound to 127.0.0.1 and stops them after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from rollart.sync.errors import ChecksumMismatchError, SyncTimeoutError, VersionNotAvailableError
+from rollart.sync.model_update import ModelUpdateGroup
+from rollart.sync.mooncake import MooncakeChannel, MooncakeConfig, mooncake_unavailable_reason
+
+pytestmark = pytest.mark.mooncake
+
+REASON = mooncake_unavailable_reason()
+PUBLISHER = Path(__file__).with_name("mooncake_publisher.py")
+
+
+def _publisher_weights():
+    spec = importlib.util.spec_from_file_location("mooncake_publisher", PUBLISHER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.weights
+
+
+@pytest.fixture(scope="module")
+def mooncake(tmp_path_factory) -> MooncakeConfig:
+    if REASON is not None:
+        pytest.skip(REASON)
+    from rollart.sync.mooncake_services import MooncakeServices
+
+    services = MooncakeServices(host="127.0.0.1", log_dir=str(tmp_path_factory.mktemp("mooncake-logs")))
+    config = asyncio.run(services.start(timeout=30))
+    yield config
+    asyncio.run(services.stop(timeout=10))
+
+
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and bytes(a.reshape(-1).view(torch.uint8).numpy()) == bytes(
+        b.reshape(-1).view(torch.uint8).numpy()
+    )
+
+
+async def test_publish_in_one_process_fetch_in_another_is_bit_exact(mooncake: MooncakeConfig):
+    publisher = subprocess.Popen(  # noqa: ASYNC220 - starting a child is quick; its waits are threaded
+        [sys.executable, str(PUBLISHER), mooncake.master_address, mooncake.metadata_server, "xproc"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "GLOG_minloglevel": "2"},
+    )
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(publisher.stdout.readline), 60)
+        assert line.strip() == "published 2", line
+        fetch_only = MooncakeConfig(mooncake.master_address, mooncake.metadata_server, global_segment_bytes=0)
+        channel = await MooncakeChannel.connect(fetch_only, model="xproc", timeout=30)
+        try:
+            weights = _publisher_weights()
+            latest = await channel.fetch(timeout=30)
+            older = await channel.fetch(1, timeout=30)
+            assert latest.version == 2 and older.version == 1
+            assert latest.attempts == 1
+            for snap in (latest, older):
+                expected = weights(snap.version)
+                assert sorted(snap.tensors) == sorted(expected)
+                for name, t in expected.items():
+                    assert _bits_equal(snap.tensors[name], t), name
+            assert len(latest.manifest.buckets) > 2  # really bucketed: several batched objects
+        finally:
+            await channel.close()
+    finally:
+        publisher.stdin.write("done\n")
+        publisher.stdin.flush()
+        await asyncio.wait_for(asyncio.to_thread(publisher.wait), 30)
+    assert publisher.returncode == 0
+
+
+async def test_old_versions_are_collected_and_fetch_waits_with_a_deadline(mooncake: MooncakeConfig):
+    channel = await MooncakeChannel.connect(mooncake, model="gc", keep_last=2, bucket_bytes=4096, timeout=30)
+    try:
+        with pytest.raises(SyncTimeoutError, match="not published to rollart/gc within 0.2 s"):
+            await channel.fetch(timeout=0.2)
+        handles = [channel.publish({"w": torch.full((3000,), float(v))}, v) for v in (1, 2, 3)]
+        assert handles[0].done() is False  # publish returned before the transfer finished
+        for h in handles:
+            await h.wait(30)
+        assert await channel.latest_version() == 3
+        assert not channel.store.is_exist(channel.manifest_key(1))
+        assert not channel.store.is_exist(channel.bucket_key(1, 0))
+        assert channel.store.is_exist(channel.manifest_key(2))
+        with pytest.raises(VersionNotAvailableError, match="version 1"):
+            await channel.fetch(1, timeout=5)
+        assert torch.equal((await channel.fetch(timeout=5)).tensors["w"], torch.full((3000,), 3.0))
+    finally:
+        await channel.close()
+
+
+class RecordingWorker:
+    def __init__(self) -> None:
+        self.loaded: list[int] = []
+
+    async def load_weights(self, weights, version: int) -> None:
+        self.loaded.append(version)
+
+
+async def test_a_corrupt_stored_bucket_is_refetched_then_refused_never_applied(mooncake: MooncakeConfig):
+    channel = await MooncakeChannel.connect(mooncake, model="corrupt", max_attempts=2, bucket_bytes=4096, timeout=30)
+    worker = RecordingWorker()
+    group = ModelUpdateGroup(channel, [worker], timeout=30)
+    try:
+        await group.model_update({"w": torch.arange(2000, dtype=torch.float32)}, 1)
+        assert worker.loaded == [1]
+        await group.publish({"w": torch.arange(2000, dtype=torch.float32) * 2}, 2).wait(30)
+        key = channel.bucket_key(2, 0)
+        stored = bytearray(channel.store.get(key))
+        stored[17] ^= 0x40  # a flipped bit in the stored object: every fetch of v2 now reads a torn bucket
+        assert channel.store.upsert(key, bytes(stored)) == 0
+        with pytest.raises(ChecksumMismatchError, match="every one of 2 fetch attempts was corrupt"):
+            await group.update(timeout=30)
+        assert worker.loaded == [1] and group.worker_versions() == (1,)
+    finally:
+        await channel.close()
