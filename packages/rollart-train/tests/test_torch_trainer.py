@@ -156,6 +156,14 @@ def test_kl_to_reference_model_and_named_tensor_export():
     assert model.lm_head.weight.abs().sum() > 0
 
 
+def test_named_tensors_export_tied_weights_once():
+    config = dataclasses.replace(tiny_llama_config(vocab_size=64), tie_word_embeddings=True)
+    model = build_causal_lm(config)
+    exported = TorchTrainer(model).named_tensors()
+    assert set(exported) == {name for name, _ in model.named_parameters()}
+    assert "lm_head.weight" not in exported and "model.embed_tokens.weight" in exported
+
+
 def test_trainer_config_rejects_bad_values():
     with pytest.raises(TrainError, match="micro_batch_size must be an integer in"):
         TrainerConfig(micro_batch_size=0)

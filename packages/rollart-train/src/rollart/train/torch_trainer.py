@@ -232,9 +232,19 @@ class TorchTrainer:
     def named_tensors(self) -> dict[str, torch.Tensor]:
         """Detached copies of the weights under HF state_dict names.
 
-        Copies, because a publisher may still serialize them while the next step runs.
+        Copies, because a publisher may still serialize them while the next step runs. A tensor
+        shared under two names (tied embeddings: `lm_head.weight` aliases
+        `model.embed_tokens.weight`) is exported once, under its first name, so the key set
+        equals `named_parameters()` plus persistent buffers, the names an engine loads by.
         """
-        return {name: tensor.detach().clone() for name, tensor in self.model.state_dict().items()}
+        out: dict[str, torch.Tensor] = {}
+        seen: set[int] = set()
+        for name, tensor in self.model.state_dict().items():
+            if tensor.data_ptr() in seen and tensor.numel() > 0:
+                continue
+            seen.add(tensor.data_ptr())
+            out[name] = tensor.detach().clone()
+        return out
 
     def save_checkpoint(self, path: str | Path) -> None:
         """Atomically write model, optimizer state, version and config.
