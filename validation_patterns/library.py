@@ -83,8 +83,12 @@ class Annotation:
         return f"# {self.family}: {self.source}"
 
 
+def _escape_string_literal(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
 def _escape_fstring_literal(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"').replace("{", "{{").replace("}", "}}")
+    return _escape_string_literal(text).replace("{", "{{").replace("}", "}}")
 
 
 def parse_annotation(family: str, text: str) -> Annotation:
@@ -154,6 +158,7 @@ def render(annotation: Annotation) -> list[str]:
         values[param.name] = annotation.args.get(param.name, param.default or "")
     for name in list(values):
         values[f"{name}_text"] = _escape_fstring_literal(values[name])
+        values[f"{name}_plain"] = _escape_string_literal(values[name])
     text = _ENV.from_string(pattern.code).render(**values)
     lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
     return lines

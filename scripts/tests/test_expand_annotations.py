@@ -150,3 +150,11 @@ def test_expanding_twice_changes_nothing(items):
 def test_parse_annotation_error_type():
     with pytest.raises(PatternError):
         parse_annotation("VAL", "VAL_TIMEOUT()")
+
+
+def test_assertions_without_got_render_a_plain_string_that_keeps_braces():
+    """No f-prefix without placeholders (ruff F541 would rewrite the block), and braces survive."""
+    expanded, _ = process_text("def f(d):\n    # AST: AST_INVARIANT(d != {}, msg=\"d != {}\")\n    return d\n")
+    assert 'raise AssertionError("Invariant: d != {}")' in expanded
+    with pytest.raises(AssertionError, match=r"^Invariant: d != \{\}$"):
+        _load(expanded)["f"]({})
