@@ -145,7 +145,7 @@ async def test_bad_input_store_unchanged(rm):
         rm.allocate("x", "reward", 0)
     with pytest.raises(ResourceError, match="cannot allocate 3 free devices of hw='H800'"):
         rm.allocate("x", "reward", 3, hw="H800")
-    with pytest.raises(ResourceError, match="an owner holds one role"):
+    with pytest.raises(ResourceError, match="an owner allocates for the role it holds"):
         rm.allocate("gen", "train", 1)
     with pytest.raises(ResourceError, match="not allowed"):
         rm.release("gen", [0])
@@ -236,3 +236,13 @@ async def test_crash_in_hook_recovers(tmp_path, crash_in):
         assert result.phase == "completed" and roles(restarted)[6] == ("train", "gen")
         assert hook.methods() == ["commit"]
     assert isinstance(result, Transition)
+
+
+async def test_lender_may_grow_its_pool(rm):
+    await rm.shrink("rollout", "train", [4])
+    # gen now holds rollout devices and one lent to training: it may still grow its rollout pool
+    assert rm.allocate("gen", "rollout", 1, hw="H800").devices == (2,)
+    with pytest.raises(ResourceError, match="an owner allocates for the role it holds"):
+        rm.allocate("gen", "reward", 1)
+    await rm.expand("train", "rollout", [4])
+    assert {d for d, r in rm.devices().items() if r.owner == "gen"} == {2, 4, 5, 6, 7}

@@ -74,7 +74,7 @@ class LedgerMachine(RuleBasedStateMachine):
         free = {t: sorted(d for d, (r, _) in self.model.items() if r == "free" and HW_OF[d] == t) for t in POOL}
         held = {r for r, o in self.model.values() if o == owner}
         types = [hw] if hw else list(POOL)
-        ok = (role in TRANSITION_ROLES and 1 <= count and hw in (None, *POOL) and held <= {role}
+        ok = (role in TRANSITION_ROLES and 1 <= count and hw in (None, *POOL) and (not held or role in held)
               and any(len(free[t]) >= count for t in types if t in free))
         before = self.rm.store.snapshot().devices
         try:

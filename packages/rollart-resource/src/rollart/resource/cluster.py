@@ -364,7 +364,11 @@ class Cluster:
                 self._manager.record_event("worker_remove_failed", {"worker": f"{self._name}/{member.rank}",
                                                                     "error": f"{type(exc).__name__}: {exc}"})
             del self._members[member.rank]
-            self._manager.release(self._name, member.devices)
+            try:
+                self._manager.release(self._name, member.devices)
+            except ResourceError as exc:  # e.g. a device in an open transition: freed at shutdown instead
+                self._manager.record_event("release_deferred", {"worker": f"{self._name}/{member.rank}",
+                                                                "devices": list(member.devices), "error": str(exc)})
             self._report(member, "removed")
             return "removed"
 

@@ -187,7 +187,8 @@ class ResourceManager:
     def allocate(self, owner: str, role: str, count: int, hw: str | None = None) -> Allocation:
         """Bind count free devices of one hardware type (hw, or the first type with enough free) to owner.
 
-        An owner may allocate again (a cluster spanning types does), but always for the same role.
+        An owner may allocate again (a cluster spanning types does), for a role it already holds (a rollout
+        owner that lent devices to training by a shrink holds both roles and may still grow its rollout pool).
         The store rechecks that the devices are free inside the write transaction that binds them.
         """
         # deps: MetadataStore.claim, ResourceManager.record_event
@@ -214,10 +215,10 @@ class ResourceManager:
         if not (hw is None or hw in pool_types):
             raise UnknownHardwareError(f"Pre-condition: hw is a type in this pool, got {hw!r}")
         # <<< generated
-        # AST: AST_PRECONDITION(held_roles <= {role}, got=held_roles, msg="an owner holds one role", exc=ResourceError)
-        # >>> generated AST_PRECONDITION #30452b598d (edit the annotation, not this block)
-        if not (held_roles <= {role}):
-            raise ResourceError(f"Pre-condition: an owner holds one role, got {held_roles!r}")
+        # AST: AST_PRECONDITION(not held_roles or role in held_roles, got=held_roles, msg="an owner allocates for the role it holds", exc=ResourceError)
+        # >>> generated AST_PRECONDITION #f3602bd2d0 (edit the annotation, not this block)
+        if not (not held_roles or role in held_roles):
+            raise ResourceError(f"Pre-condition: an owner allocates for the role it holds, got {held_roles!r}")
         # <<< generated
         free: dict[str, list[int]] = {t: [] for t in pool_types}
         for rec in ledger.values():
@@ -300,7 +301,7 @@ class ResourceManager:
         except Exception as exc:  # a veto, a hook error or the deadline: abort
             if isinstance(exc, TransitionVetoed):
                 reason = exc.reason
-            elif isinstance(exc, TimeoutError):
+            elif isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
                 reason = f"prepare exceeded timeout={timeout}s"
             else:
                 reason = f"hook prepare failed: {type(exc).__name__}: {exc}"
