@@ -115,7 +115,7 @@ class VersionOrderMachine(RuleBasedStateMachine):
         async def one(pick: int):
             version = "latest" if pick == 0 else pick
             try:
-                return await self.group.update(version, timeout=0.2)
+                return await self.group.update(version, timeout=0.05)
             except (VersionNotAvailableError, SyncTimeoutError) as exc:
                 return exc
 

@@ -8,6 +8,7 @@ inference workers fetch on demand, whenever they are ready, while the trainer go
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from rollart.sync.bucket import (
 from rollart.sync.channel import DEFAULT_TIMEOUT_S, MAX_ATTEMPTS, PublishHandle, WeightSnapshot, fetch_verified
 from rollart.sync.errors import (
     ChannelClosedError,
+    ChecksumMismatchError,
     StaleVersionError,
     SyncError,
     SyncTimeoutError,
@@ -129,6 +131,8 @@ class MooncakeChannel:
             raise SyncError(reason)
         from mooncake.store import MooncakeDistributedStore
 
+        # Without this the transfer engine advertises the first non-loopback interface to its peers.
+        os.environ.setdefault("MC_TCP_BIND_ADDRESS", config.local_hostname)
         store = MooncakeDistributedStore()
         try:
             rc = await asyncio.wait_for(
@@ -237,7 +241,8 @@ class MooncakeChannel:
         if short:
             if not self._store.is_exist(self.manifest_key(version)):
                 raise VersionNotAvailableError(f"version {version} was collected while it was being fetched")
-            raise SyncError(f"Mooncake get of version {version} returned short or failed reads {short}")
+            # A failed or short read is a torn transfer: fetch_verified reads the version again.
+            raise ChecksumMismatchError(f"Mooncake get of version {version} returned short or failed reads {short}")
         return manifest, buffers
 
     # ---- the channel interface ---------------------------------------------------------------------------

@@ -83,7 +83,7 @@ class MooncakeServices:
         master = self._spawn(
             "master",
             [_master_binary(), f"--rpc_port={rpc}", f"--rpc_address={self._host}", f"--metrics_host={self._host}",
-             f"--metrics_port={metrics}", "--default_kv_lease_ttl=2000", "--minloglevel=1"],
+             f"--metrics_port={metrics}", "--default_kv_lease_ttl=30000", "--minloglevel=1"],
         )
         try:
             await self._wait_listening(metadata, http, "Mooncake HTTP metadata server", deadline)
