@@ -136,3 +136,15 @@ def test_validation_names_field_value_and_allowed():
         pack_buckets({"a": torch.zeros(1)}, -1)
     with pytest.raises(SyncValidationError, match="not allowed: \\['complex64'\\]"):
         pack_buckets({"a": torch.zeros(1, dtype=torch.complex64)}, 0)
+
+
+def test_spare_buffers_are_reused_and_fully_overwritten():
+    first = pack_buckets({"a": torch.full((100,), 1.0), "b": torch.full((7,), 2, dtype=torch.int64)}, 1, bucket_bytes=64)
+    spare = list(first.buffers)
+    ptrs = {b.data_ptr() for b in spare}
+    named = {"a": torch.arange(100.0), "b": torch.arange(7, dtype=torch.int64)}
+    second = pack_buckets(named, 2, bucket_bytes=64, spare=spare)
+    assert ptrs & {b.data_ptr() for b in second.buffers}  # same-shaped buckets landed in the spare memory
+    verify_buckets(second.manifest, second.buffers)
+    out = unpack_buckets(second.manifest, second.buffers)
+    assert torch.equal(out["a"], named["a"]) and torch.equal(out["b"], named["b"])

@@ -101,6 +101,11 @@ async def test_old_versions_are_collected_and_fetch_waits_with_a_deadline(moonca
         with pytest.raises(VersionNotAvailableError, match="version 1"):
             await channel.fetch(1, timeout=5)
         assert torch.equal((await channel.fetch(timeout=5)).tensors["w"], torch.full((3000,), 3.0))
+        # sequential publishes recycle the previous snapshot's buffers: stored versions stay intact
+        await channel.publish({"w": torch.full((3000,), 4.0)}, 4).wait(30)
+        await channel.publish({"w": torch.full((3000,), 5.0)}, 5).wait(30)
+        assert torch.equal((await channel.fetch(4, timeout=5)).tensors["w"], torch.full((3000,), 4.0))
+        assert torch.equal((await channel.fetch(5, timeout=5)).tensors["w"], torch.full((3000,), 5.0))
     finally:
         await channel.close()
 

@@ -30,6 +30,7 @@ class LocalChannel:
         self._verify = verify
         self._cond: asyncio.Condition | None = None
         self._closed = False
+        self._notifiers: set[asyncio.Task[None]] = set()
 
     @property
     def versions(self) -> tuple[int, ...]:
@@ -58,7 +59,9 @@ class LocalChannel:
             async with cond:
                 cond.notify_all()
 
-        asyncio.get_running_loop().create_task(_notify())
+        task = asyncio.get_running_loop().create_task(_notify())
+        self._notifiers.add(task)  # keep a reference until it ran (the loop holds tasks only weakly)
+        task.add_done_callback(self._notifiers.discard)
         return finished_handle(version)
 
     async def fetch(self, version: VersionSpec = LATEST, timeout: float = DEFAULT_TIMEOUT_S) -> WeightSnapshot:

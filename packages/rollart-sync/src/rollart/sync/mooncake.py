@@ -108,6 +108,7 @@ class MooncakeChannel:
         self._stored: OrderedDict[int, int] = OrderedDict()  # version -> number of buckets, published by us
         self._publish_lock: asyncio.Lock | None = None
         self._inflight: set[asyncio.Task[None]] = set()
+        self._spare: list[torch.Tensor] = []  # buffers of the last stored snapshot, reused by the next pack (D11)
         self._closed = False
 
     @classmethod
@@ -256,7 +257,8 @@ class MooncakeChannel:
         if self._published.current is not None and not version > self._published.current:
             raise StaleVersionError(f"version must be > self._published.current (versions never go backwards), got {version!r} with current {self._published.current!r}")
         # <<< generated
-        packed = pack_buckets(named_tensors, version, self._bucket_bytes)
+        spare, self._spare = self._spare, []
+        packed = pack_buckets(named_tensors, version, self._bucket_bytes, spare=spare)
         self._published.advance(version)
         if self._publish_lock is None:
             self._publish_lock = asyncio.Lock()
@@ -268,6 +270,7 @@ class MooncakeChannel:
     async def _store_version(self, packed: PackedWeights, lock: asyncio.Lock) -> None:
         async with lock:  # publishes land in version order, so the latest pointer only moves forward
             await asyncio.to_thread(self._put_version, packed)
+            self._spare = list(packed.buffers)  # copied into the store; free for the next snapshot
             self._stored[packed.manifest.version] = len(packed.manifest.buckets)
             evict = []
             while len(self._stored) > self._keep_last:

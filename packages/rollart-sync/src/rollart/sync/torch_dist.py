@@ -82,6 +82,7 @@ class TorchDistributedChannel:
         self._retained = RetainedVersions(keep_last)
         self._published = VersionLedger()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollart-sync-collectives")
+        self._spare: list[torch.Tensor] = []  # the source's last broadcast buffers, reused by the next pack (D11)
         self._pending: asyncio.Future[tuple[Manifest, list[torch.Tensor], int]] | None = None
         self._closed = False
 
@@ -92,7 +93,7 @@ class TorchDistributedChannel:
 
     @property
     def versions(self) -> tuple[int, ...]:
-        """Versions retained on this rank, oldest first."""
+        """Versions retained on this receiver, oldest first (the source retains none: D11)."""
         return self._retained.versions
 
     # ---- the collective sequence (runs on the dedicated thread) -------------------------------------
@@ -170,10 +171,16 @@ class TorchDistributedChannel:
         if self._published.current is not None and not version > self._published.current:
             raise StaleVersionError(f"version must be > self._published.current (versions never go backwards), got {version!r} with current {self._published.current!r}")
         # <<< generated
-        packed = pack_buckets(named_tensors, version, self._bucket_bytes)
+        spare, self._spare = self._spare, []
+        packed = pack_buckets(named_tensors, version, self._bucket_bytes, spare=spare)
         self._published.advance(version)
-        self._retained.add(packed)
         future = asyncio.get_running_loop().run_in_executor(self._executor, self._broadcast_update, packed)
+
+        def _recycle(done: asyncio.Future[None]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                self._spare = list(packed.buffers)  # every receiver has them now; nobody else holds them
+
+        future.add_done_callback(_recycle)
         return PublishHandle(version, future)
 
     async def fetch(self, version: VersionSpec = LATEST, timeout: float = DEFAULT_TIMEOUT_S) -> WeightSnapshot:
@@ -195,7 +202,7 @@ class TorchDistributedChannel:
             assert packed is not None
             return WeightSnapshot(version, packed.manifest, unpack_buckets(packed.manifest, packed.buffers))
         if self.is_source:
-            raise VersionNotAvailableError(f"version {version!r} is not retained on the source rank {self._rank}")
+            raise VersionNotAvailableError(f"the source rank {self._rank} publishes and retains nothing to fetch (D11)")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
