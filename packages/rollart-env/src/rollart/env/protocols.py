@@ -1,0 +1,110 @@
+"""The seams of rollart.env: Env, LLMClient, TrajectorySink, PromptBuilder and their data.
+
+Why Protocols with env-owned dataclasses: rollart.env imports no other rollart package
+(ARCHITECTURE §2); the scheduler adapts `LLMProxy.generate` to `LLMClient` and the SampleBuffer
+to `TrajectorySink`, so both sides can be tested alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from rollart.env.trajectory import Trajectory
+
+FINISH_REASONS = frozenset({"stop", "length", "abort"})
+
+
+@dataclass(frozen=True)
+class ResetResult:
+    """What `Env.reset` returns: the first observation as text and an info dict (e.g. ground truth)."""
+
+    observation: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Gymnasium-shaped step result with a text observation."""
+
+    observation: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Env(Protocol):
+    """An async, text-in/text-out, gymnasium-shaped environment.
+
+    `step` receives the policy's raw text; parsing it into an action is the environment's job,
+    because only it knows its action grammar (an unparsable action is an environment outcome,
+    e.g. a penalty, not an infrastructure error).
+    """
+
+    name: str
+    system_prompt: str
+
+    async def reset(self, seed: int | None = None) -> ResetResult: ...
+
+    async def step(self, action: str) -> StepResult: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings forwarded to the inference engine."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One generation call: the full context as token ids (never text, so nothing is re-tokenized)."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    trajectory_id: str
+    tag: str = "default"
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """What the engine produced: token ids, their log-probs and the weight version of each token."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    weight_versions: list[int]
+    finish_reason: str  # one of FINISH_REASONS
+
+
+@runtime_checkable
+class LLMClient(Protocol):
+    """The generate call the EnvManager makes (the scheduler adapts LLMProxy.generate to it)."""
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult: ...
+
+
+@runtime_checkable
+class TrajectorySink(Protocol):
+    """Where finished trajectories go; must not block (the EnvManager keeps rolling)."""
+
+    def put_nowait(self, trajectory: Trajectory) -> None: ...
+
+
+@runtime_checkable
+class PromptBuilder(Protocol):
+    """Turns observations into *new* context tokens; earlier tokens are never re-tokenized."""
+
+    def initial_ids(self, system_prompt: str, observation: str) -> list[int]: ...
+
+    def continuation_ids(self, previous_response_ids: list[int], observation: str) -> list[int]: ...
+
+    def decode(self, token_ids: list[int]) -> str: ...
