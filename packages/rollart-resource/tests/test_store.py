@@ -8,7 +8,14 @@ import pytest
 from rollart.resource.errors import ResourceError
 from rollart.resource.ledger import DeviceRecord, TransitionVetoed
 from rollart.resource.manager import ResourceManager
-from rollart.resource.store import SCHEMA_VERSION, MetadataStore, SqliteMetadataStore, WorkerRecord, migrate
+from rollart.resource.store import (
+    SCHEMA_VERSION,
+    EventDraft,
+    MetadataStore,
+    SqliteMetadataStore,
+    WorkerRecord,
+    migrate,
+)
 from rollart.resource.testing import RecordingHook
 
 POOL = {"H800": range(0, 2), "H20": range(2, 6)}
@@ -113,3 +120,20 @@ def test_service_and_worker_validation_store_unchanged():
         rm.record_event("", {})
     assert rm.store.snapshot() == snap
     assert rm.report_service_health("judge", True).health == "healthy"
+
+
+def test_event_commits_with_its_change():
+    store = SqliteMetadataStore()
+    store.init_devices([DeviceRecord(0, "H20", "free", None), DeviceRecord(1, "H20", "free", None)],
+                       event=EventDraft("pool_created", {"n": 2}, 0.0))
+    # a bad event fails the whole transaction: the change is rolled back with it
+    with pytest.raises(ResourceError, match="event.kind must not be empty"):
+        store.claim("gen", "rollout", [0], event=EventDraft("", {}, 1.0))
+    assert store.devices()[0].role == "free"
+    store.claim("gen", "rollout", [0, 1], event=EventDraft("allocated", {"owner": "gen"}, 2.0))
+    assert store.release("nobody", event=EventDraft("released", {"owner": "nobody"}, 3.0)) == ()
+    assert store.release("gen", [1], event=EventDraft("released", {"owner": "gen"}, 4.0)) == (1,)
+    events = store.events()
+    assert [(e.kind, e.at) for e in events] == [("pool_created", 0.0), ("allocated", 2.0), ("released", 4.0)]
+    assert events[-1].payload == {"owner": "gen", "devices": [1]}  # release names what it freed
+    assert store.last_event_seq() == events[-1].seq

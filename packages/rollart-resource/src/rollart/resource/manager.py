@@ -28,7 +28,7 @@ from rollart.resource.ledger import (
     TransitionVetoed,
     validate_transition,
 )
-from rollart.resource.store import Event, MetadataStore, ServiceRecord, SqliteMetadataStore, WorkerRecord
+from rollart.resource.store import Event, EventDraft, MetadataStore, ServiceRecord, SqliteMetadataStore, WorkerRecord
 
 __all__ = ["Allocation", "ResourceManager", "validate_pool_spec"]
 
@@ -132,6 +132,7 @@ class ResourceManager:
         self._clock = clock
         self._hooks: list[TransitionHook] = []
         self._subscribers: list[Callable[[Event], None]] = []
+        self._published = self._store.last_event_seq()  # subscribers get events recorded from now on
         try:
             # AST: AST_PRECONDITION(pool is not None or bool(self._store.devices()), got=pool, msg="a pool spec is given or the store already holds one", exc=ResourceError)
             # >>> generated AST_PRECONDITION #f7b3ab5b0b (edit the annotation, not this block)
@@ -149,8 +150,9 @@ class ResourceManager:
         wanted = {d: hw for hw, ids in spec.items() for d in ids}
         existing = {d: rec.hw for d, rec in self._store.devices().items()}
         if not existing:
-            self._store.init_devices([DeviceRecord(d, hw, "free", None) for d, hw in sorted(wanted.items())])
-            self.record_event("pool_created", {"pool": {hw: list(ids) for hw, ids in spec.items()}})
+            self._store.init_devices([DeviceRecord(d, hw, "free", None) for d, hw in sorted(wanted.items())],
+                                     event=self._draft("pool_created", {"pool": {hw: list(ids) for hw, ids in spec.items()}}))
+            self._publish()
         elif existing != wanted:
             added = sorted(set(wanted) - set(existing))
             removed = sorted(set(existing) - set(wanted))
@@ -227,8 +229,9 @@ class ResourceManager:
         for candidate in [hw] if hw is not None else pool_types:
             if len(free[candidate]) >= count:
                 chosen = tuple(free[candidate][:count])
-                self._store.claim(owner, role, chosen)
-                self.record_event("allocated", {"owner": owner, "role": role, "hw": candidate, "devices": list(chosen)})
+                self._store.claim(owner, role, chosen, event=self._draft(
+                    "allocated", {"owner": owner, "role": role, "hw": candidate, "devices": list(chosen)}))
+                self._publish()
                 return Allocation(owner, role, candidate, chosen)
         raise ResourceError(f"count: cannot allocate {count} free devices of hw={hw!r} for owner {owner!r}; "
                             f"free per type: { {t: len(ids) for t, ids in free.items()} }")
@@ -241,9 +244,8 @@ class ResourceManager:
         if len(owner) == 0:
             raise ResourceError(f"owner must not be empty, got {owner!r}")
         # <<< generated
-        freed = self._store.release(owner, devices)
-        if freed:
-            self.record_event("released", {"owner": owner, "devices": list(freed)})
+        freed = self._store.release(owner, devices, event=self._draft("released", {"owner": owner}))
+        self._publish()
         return freed
 
     # -- transitions -----------------------------------------------------------------------------
@@ -293,8 +295,9 @@ class ResourceManager:
         deadline = loop.time() + timeout
         checked = validate_transition(kind, from_role, to_role, devices, self._store.devices())
         planned = Transition(uuid.uuid4().hex[:16], kind, from_role, to_role, checked, "planned")  # type: ignore[arg-type]
-        self._store.begin_transition(planned)  # atomic: refuses if another transition is open
-        self.record_event("transition_planned", self._payload(planned))
+        # atomic: refuses if another transition is open
+        self._store.begin_transition(planned, event=self._draft("transition_planned", self._payload(planned)))
+        self._publish()
         try:
             for hook in self._hooks:
                 await asyncio.wait_for(hook.prepare(planned), max(deadline - loop.time(), 0.0))
@@ -309,21 +312,18 @@ class ResourceManager:
             if isinstance(exc, TransitionVetoed):
                 raise
             raise TransitionVetoed(reason) from exc
-        prepared = self._store.set_phase(planned.id, "prepared")
-        self.record_event("transition_prepared", self._payload(prepared))
+        prepared = self._set_phase(planned, "prepared")
         return await self._commit(prepared, deadline)
 
     async def _commit(self, prepared: Transition, deadline: float) -> Transition:
-        committed = self._store.commit_transition(prepared.id)  # the atomic point
-        self.record_event("transition_committed", self._payload(committed))
+        committed = self._store.commit_transition(  # the atomic point
+            prepared.id, event=self._draft("transition_committed", self._payload(prepared, "committed")))
+        self._publish()
         await self._notify("commit", committed, self._hooks, deadline)
-        completed = self._store.set_phase(committed.id, "completed")
-        self.record_event("transition_completed", self._payload(completed))
-        return completed
+        return self._set_phase(committed, "completed")
 
     async def _abort(self, transition: Transition, reason: str, deadline: float) -> Transition:
-        aborted = self._store.set_phase(transition.id, "aborted", reason)
-        self.record_event("transition_aborted", {**self._payload(aborted), "reason": reason})
+        aborted = self._set_phase(transition, "aborted", reason)
         await self._notify("abort", aborted, list(reversed(self._hooks)), deadline)
         return aborted
 
@@ -339,10 +339,17 @@ class ResourceManager:
                 self.record_event("hook_failed", {**self._payload(transition), "method": method,
                                                   "hook": type(hook).__name__, "error": f"{type(exc).__name__}: {exc}"})
 
+    def _set_phase(self, transition: Transition, phase: str, reason: str | None = None) -> Transition:
+        payload = self._payload(transition, phase) | ({"reason": reason} if reason is not None else {})
+        moved = self._store.set_phase(transition.id, phase, reason,
+                                      event=self._draft(f"transition_{phase}", payload))
+        self._publish()
+        return moved
+
     @staticmethod
-    def _payload(t: Transition) -> dict[str, Any]:
+    def _payload(t: Transition, phase: str | None = None) -> dict[str, Any]:
         return {"id": t.id, "kind": t.kind, "from_role": t.from_role, "to_role": t.to_role,
-                "devices": list(t.devices), "phase": t.phase}
+                "devices": list(t.devices), "phase": phase or t.phase}
 
     async def recover(self, *, timeout: float = 60.0) -> Transition | None:
         """After a restart, finish or roll back the open transition (D3); returns it in its final phase."""
@@ -364,8 +371,7 @@ class ResourceManager:
             result = await self._commit(pending, deadline)
         else:  # committed: roles are applied, the hooks may not have heard
             await self._notify("commit", pending, self._hooks, deadline)
-            result = self._store.set_phase(pending.id, "completed")
-            self.record_event("transition_completed", self._payload(result))
+            result = self._set_phase(pending, "completed")
         # AST: AST_POSTCONDITION(not self._store.open_transition(), got=self._store.open_transition(), msg="no transition is left open", exc=ResourceError)
         # >>> generated AST_POSTCONDITION #50f09d596a (edit the annotation, not this block)
         if not (not self._store.open_transition()):
@@ -383,12 +389,24 @@ class ResourceManager:
         """Persist an event and deliver it to subscribers (a failing subscriber does not stop the others)."""
         # deps: MetadataStore.append_event
         event = self._store.append_event(kind, payload, self._now())
-        for callback in list(self._subscribers):
-            try:
-                callback(event)
-            except Exception:
-                logger.exception("event subscriber %r failed on %s", callback, event.kind)
+        self._publish()
         return event
+
+    def _draft(self, kind: str, payload: Mapping[str, Any]) -> EventDraft:
+        return EventDraft(kind, payload, self._now())
+
+    def _publish(self) -> None:
+        """Deliver the events recorded since the last delivery (read back from the store, in seq order)."""
+        if not self._subscribers:
+            self._published = self._store.last_event_seq()
+            return
+        for event in self._store.events(since=self._published):
+            self._published = event.seq
+            for callback in list(self._subscribers):
+                try:
+                    callback(event)
+                except Exception:
+                    logger.exception("event subscriber %r failed on %s", callback, event.kind)
 
     def subscribe(self, callback: Callable[[Event], None]) -> Callable[[], None]:
         """Get every event recorded from now on; returns the unsubscribe function."""
@@ -405,10 +423,10 @@ class ResourceManager:
     def report_worker(self, record: WorkerRecord) -> None:
         """Persist a worker's placement/health and record a worker_<health> event."""
         # deps: MetadataStore.put_worker, ResourceManager.record_event
-        self._store.put_worker(record)
-        self.record_event(f"worker_{record.health}", {"worker": record.id, "owner": record.owner, "rank": record.rank,
-                                                      "hw": record.hw, "devices": list(record.devices),
-                                                      "restarts": record.restarts})
+        self._store.put_worker(record, event=self._draft(
+            f"worker_{record.health}", {"worker": record.id, "owner": record.owner, "rank": record.rank,
+                                        "hw": record.hw, "devices": list(record.devices), "restarts": record.restarts}))
+        self._publish()
 
     def register_service(self, name: str, url: str, owner: str) -> ServiceRecord:
         """Record a serverless endpoint (health unknown until reported)."""
@@ -424,8 +442,9 @@ class ResourceManager:
             raise ResourceError(f"Pre-condition: url is http(s), got {url!r}")
         # <<< generated
         record = ServiceRecord(name, url, owner, "unknown", None)
-        self._store.put_service(record)
-        self.record_event("service_registered", {"name": name, "url": url, "owner": owner})
+        self._store.put_service(record, event=self._draft("service_registered",
+                                                          {"name": name, "url": url, "owner": owner}))
+        self._publish()
         return record
 
     def report_service_health(self, name: str, healthy: bool, error: str | None = None) -> ServiceRecord:
@@ -441,9 +460,10 @@ class ResourceManager:
         old = services[name]
         record = ServiceRecord(name, old.url, old.owner, "healthy" if healthy else "unhealthy",
                                None if healthy else error)
-        self._store.put_service(record)
-        if old.health != record.health:
-            self.record_event("service_health", {"name": name, "health": record.health, "error": error})
+        changed = old.health != record.health
+        self._store.put_service(record, event=self._draft("service_health", {
+            "name": name, "health": record.health, "error": error}) if changed else None)
+        self._publish()
         return record
 
     def close(self) -> None:

@@ -34,6 +34,7 @@ __all__ = [
     "SERVICE_HEALTH",
     "WORKER_HEALTH",
     "Event",
+    "EventDraft",
     "MetadataStore",
     "ServiceRecord",
     "SqliteMetadataStore",
@@ -124,6 +125,21 @@ class Event:
 
 
 @dataclass(frozen=True)
+class EventDraft:
+    """An event to append in the same SQL transaction as the change it describes (design D10).
+
+    Attributes:
+        kind: what happened.
+        payload: JSON-serialisable details.
+        at: the controller's loop time.
+    """
+
+    kind: str
+    payload: Mapping[str, Any]
+    at: float
+
+
+@dataclass(frozen=True)
 class StoreSnapshot:
     """Everything the store holds, for "restart restores the exact state" checks and debugging."""
 
@@ -141,20 +157,21 @@ class MetadataStore(Protocol):
 
     def schema_version(self) -> int: ...
     def devices(self) -> dict[int, DeviceRecord]: ...
-    def init_devices(self, devices: Sequence[DeviceRecord]) -> None: ...
-    def claim(self, owner: str, role: str, devices: Sequence[int]) -> None: ...
-    def release(self, owner: str, devices: Sequence[int] | None = None) -> tuple[int, ...]: ...
-    def begin_transition(self, transition: Transition) -> None: ...
-    def set_phase(self, transition_id: str, phase: str, reason: str | None = None) -> Transition: ...
-    def commit_transition(self, transition_id: str) -> Transition: ...
+    def init_devices(self, devices: Sequence[DeviceRecord], *, event: EventDraft | None = None) -> None: ...
+    def claim(self, owner: str, role: str, devices: Sequence[int], *, event: EventDraft | None = None) -> None: ...
+    def release(self, owner: str, devices: Sequence[int] | None = None, *, event: EventDraft | None = None) -> tuple[int, ...]: ...
+    def begin_transition(self, transition: Transition, *, event: EventDraft | None = None) -> None: ...
+    def set_phase(self, transition_id: str, phase: str, reason: str | None = None, *, event: EventDraft | None = None) -> Transition: ...
+    def commit_transition(self, transition_id: str, *, event: EventDraft | None = None) -> Transition: ...
     def open_transition(self) -> Transition | None: ...
     def transitions(self) -> list[Transition]: ...
-    def put_worker(self, record: WorkerRecord) -> None: ...
+    def put_worker(self, record: WorkerRecord, *, event: EventDraft | None = None) -> None: ...
     def workers(self, owner: str | None = None) -> list[WorkerRecord]: ...
-    def put_service(self, record: ServiceRecord) -> None: ...
+    def put_service(self, record: ServiceRecord, *, event: EventDraft | None = None) -> None: ...
     def services(self) -> list[ServiceRecord]: ...
     def append_event(self, kind: str, payload: Mapping[str, Any], at: float) -> Event: ...
     def events(self, since: int = 0) -> list[Event]: ...
+    def last_event_seq(self) -> int: ...
     def snapshot(self) -> StoreSnapshot: ...
     def close(self) -> None: ...
 
@@ -195,14 +212,24 @@ class SqliteMetadataStore:
 
     # -- plumbing ---------------------------------------------------------------------------
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def _write(self, event: EventDraft | None = None) -> Iterator[sqlite3.Connection]:
+        """One write transaction; the event (if any) is appended inside it, so it commits with the change."""
         self._conn.execute("BEGIN IMMEDIATE")
         try:
             yield self._conn
+            if event is not None:
+                self._insert_event(event)
         except BaseException:
             self._conn.execute("ROLLBACK")
             raise
         self._conn.execute("COMMIT")
+
+    def _insert_event(self, event: EventDraft) -> int:
+        if not event.kind:
+            raise ResourceError(f"event.kind must not be empty, got {event.kind!r}")
+        text = json.dumps(dict(event.payload), sort_keys=True)
+        return self._conn.execute("INSERT INTO events (kind, payload, at) VALUES (?, ?, ?)",
+                                  (event.kind, text, event.at)).lastrowid
 
     def _transition(self, transition_id: str) -> Transition:
         row = self._conn.execute(f"SELECT {_TRANSITION_COLS} FROM transitions WHERE id = ?", (transition_id,)).fetchone()
@@ -222,7 +249,7 @@ class SqliteMetadataStore:
         rows = self._conn.execute("SELECT id, hw, role, owner FROM devices ORDER BY id").fetchall()
         return {r[0]: DeviceRecord(*r) for r in rows}
 
-    def init_devices(self, devices: Sequence[DeviceRecord]) -> None:
+    def init_devices(self, devices: Sequence[DeviceRecord], *, event: EventDraft | None = None) -> None:
         """Create the device rows of a new pool, all free; refuses if rows exist already."""
         # deps: none
         # VAL: VAL_NON_EMPTY(devices, exc=ResourceError)
@@ -230,7 +257,7 @@ class SqliteMetadataStore:
         if len(devices) == 0:
             raise ResourceError(f"devices must not be empty, got {devices!r}")
         # <<< generated
-        with self._write() as conn:
+        with self._write(event) as conn:
             # AST: AST_PRECONDITION(not self.devices(), got=len(self.devices()), msg="the store has no devices yet", exc=ResourceError)
             # >>> generated AST_PRECONDITION #88cbdaed56 (edit the annotation, not this block)
             if not (not self.devices()):
@@ -239,7 +266,7 @@ class SqliteMetadataStore:
             conn.executemany("INSERT INTO devices (id, hw, role, owner) VALUES (?, ?, 'free', NULL)",
                              [(d.id, d.hw) for d in devices])
 
-    def claim(self, owner: str, role: str, devices: Sequence[int]) -> None:
+    def claim(self, owner: str, role: str, devices: Sequence[int], *, event: EventDraft | None = None) -> None:
         """Bind free devices to an owner and role, checking they are free inside the write transaction."""
         # deps: none
         # VAL: VAL_NON_EMPTY(owner, exc=ResourceError)
@@ -258,7 +285,7 @@ class SqliteMetadataStore:
         if len(devices) == 0:
             raise ResourceError(f"devices must not be empty, got {devices!r}")
         # <<< generated
-        with self._write() as conn:
+        with self._write(event) as conn:
             free = {r[0] for r in conn.execute("SELECT id FROM devices WHERE role = 'free'")}
             # VAL: VAL_SUBSET(devices, of=free, exc=ResourceError)
             # >>> generated VAL_SUBSET #e08164a1b4 (edit the annotation, not this block)
@@ -268,8 +295,11 @@ class SqliteMetadataStore:
             # <<< generated
             conn.executemany("UPDATE devices SET role = ?, owner = ? WHERE id = ?", [(role, owner, d) for d in devices])
 
-    def release(self, owner: str, devices: Sequence[int] | None = None) -> tuple[int, ...]:
-        """Return an owner's devices (all, or the given ones) to the free pool; returns the ids freed."""
+    def release(self, owner: str, devices: Sequence[int] | None = None, *, event: EventDraft | None = None) -> tuple[int, ...]:
+        """Return an owner's devices (all, or the given ones) to the free pool; returns the ids freed.
+
+        The event, if any, is recorded only when devices were freed, with ``devices`` set to them.
+        """
         # deps: none
         with self._write() as conn:
             owned = [r[0] for r in conn.execute("SELECT id FROM devices WHERE owner = ? ORDER BY id", (owner,))]
@@ -287,9 +317,11 @@ class SqliteMetadataStore:
                     f"{pending.id} ({pending.kind} {pending.from_role}->{pending.to_role}, phase {pending.phase}); "
                     "finish or recover it before releasing them")
             conn.executemany("UPDATE devices SET role = 'free', owner = NULL WHERE id = ?", [(d,) for d in devices])
+            if devices and event is not None:  # the event names the devices actually freed
+                self._insert_event(EventDraft(event.kind, {**event.payload, "devices": sorted(devices)}, event.at))
         return tuple(sorted(devices))
 
-    def begin_transition(self, transition: Transition) -> None:
+    def begin_transition(self, transition: Transition, *, event: EventDraft | None = None) -> None:
         """Insert a planned transition after revalidating it, atomically refusing if one is open."""
         # deps: validate_transition
         # AST: AST_PRECONDITION(transition.phase == "planned", got=transition.phase, msg="a new transition is planned", exc=ResourceError)
@@ -297,7 +329,7 @@ class SqliteMetadataStore:
         if not (transition.phase == 'planned'):
             raise ResourceError(f"Pre-condition: a new transition is planned, got {transition.phase!r}")
         # <<< generated
-        with self._write() as conn:
+        with self._write(event) as conn:
             pending = self.open_transition()
             if pending is not None:
                 raise TransitionInFlight(
@@ -311,7 +343,7 @@ class SqliteMetadataStore:
                 (transition.id, transition.kind, transition.from_role, transition.to_role, json.dumps(devices),
                  "planned"))
 
-    def set_phase(self, transition_id: str, phase: str, reason: str | None = None) -> Transition:
+    def set_phase(self, transition_id: str, phase: str, reason: str | None = None, *, event: EventDraft | None = None) -> Transition:
         """Move a transition along the state machine (not to committed: that is commit_transition)."""
         # deps: none
         # AST: AST_PRECONDITION(phase != "committed", got=phase, msg="commit goes through commit_transition", exc=ResourceError)
@@ -319,7 +351,7 @@ class SqliteMetadataStore:
         if not (phase != 'committed'):
             raise ResourceError(f"Pre-condition: commit goes through commit_transition, got {phase!r}")
         # <<< generated
-        with self._write() as conn:
+        with self._write(event) as conn:
             current = self._transition(transition_id)
             # VAL: VAL_STATE_TRANSITION(current.phase, phase, allowed=PHASE_MOVES, exc=ResourceError)
             # >>> generated VAL_STATE_TRANSITION #88ed45f620 (edit the annotation, not this block)
@@ -330,10 +362,10 @@ class SqliteMetadataStore:
                          (phase, reason, transition_id))
         return Transition(current.id, current.kind, current.from_role, current.to_role, current.devices, phase)
 
-    def commit_transition(self, transition_id: str) -> Transition:
+    def commit_transition(self, transition_id: str, *, event: EventDraft | None = None) -> Transition:
         """The atomic point: apply the roles and mark committed in one SQL transaction."""
         # deps: none
-        with self._write() as conn:
+        with self._write(event) as conn:
             current = self._transition(transition_id)
             # VAL: VAL_STATE_TRANSITION(current.phase, "committed", allowed=PHASE_MOVES, exc=ResourceError)
             # >>> generated VAL_STATE_TRANSITION #01087d99d2 (edit the annotation, not this block)
@@ -374,7 +406,7 @@ class SqliteMetadataStore:
         return row[0]
 
     # -- workers and services ----------------------------------------------------------------
-    def put_worker(self, record: WorkerRecord) -> None:
+    def put_worker(self, record: WorkerRecord, *, event: EventDraft | None = None) -> None:
         """Insert or replace a worker row (health reports are idempotent upserts)."""
         # deps: none
         # VAL: VAL_ONE_OF(record.health, choices=WORKER_HEALTH, exc=ResourceError)
@@ -382,7 +414,7 @@ class SqliteMetadataStore:
         if record.health not in WORKER_HEALTH:
             raise ResourceError(f"record.health must be one of {sorted(WORKER_HEALTH, key=repr)!r}, got {record.health!r}")
         # <<< generated
-        with self._write() as conn:
+        with self._write(event) as conn:
             conn.execute("INSERT OR REPLACE INTO workers VALUES (?, ?, ?, ?, ?, ?, ?)",
                          (record.id, record.owner, record.rank, record.hw, json.dumps(list(record.devices)),
                           record.health, record.restarts))
@@ -397,7 +429,7 @@ class SqliteMetadataStore:
             rows = self._conn.execute(f"SELECT {cols} FROM workers WHERE owner = ? ORDER BY rank", (owner,)).fetchall()
         return [_worker_of(r) for r in rows]
 
-    def put_service(self, record: ServiceRecord) -> None:
+    def put_service(self, record: ServiceRecord, *, event: EventDraft | None = None) -> None:
         """Insert or replace a service row."""
         # deps: none
         # VAL: VAL_ONE_OF(record.health, choices=SERVICE_HEALTH, exc=ResourceError)
@@ -405,7 +437,7 @@ class SqliteMetadataStore:
         if record.health not in SERVICE_HEALTH:
             raise ResourceError(f"record.health must be one of {sorted(SERVICE_HEALTH, key=repr)!r}, got {record.health!r}")
         # <<< generated
-        with self._write() as conn:
+        with self._write(event) as conn:
             conn.execute("INSERT OR REPLACE INTO services VALUES (?, ?, ?, ?, ?)",
                          (record.name, record.url, record.owner, record.health, record.last_error))
 
@@ -424,16 +456,22 @@ class SqliteMetadataStore:
         if len(kind) == 0:
             raise ResourceError(f"kind must not be empty, got {kind!r}")
         # <<< generated
-        text = json.dumps(dict(payload), sort_keys=True)
-        with self._write() as conn:
-            seq = conn.execute("INSERT INTO events (kind, payload, at) VALUES (?, ?, ?)", (kind, text, at)).lastrowid
-        return Event(seq, kind, json.loads(text), at)
+        draft = EventDraft(kind, payload, at)
+        with self._write():
+            seq = self._insert_event(draft)
+        return Event(seq, kind, json.loads(json.dumps(dict(payload), sort_keys=True)), at)
 
     def events(self, since: int = 0) -> list[Event]:
         """Events with seq > since, in order."""
         # deps: none
         rows = self._conn.execute("SELECT seq, kind, payload, at FROM events WHERE seq > ? ORDER BY seq", (since,))
         return [Event(seq, kind, json.loads(payload), at) for seq, kind, payload, at in rows.fetchall()]
+
+    def last_event_seq(self) -> int:
+        """The seq of the newest event (0 when the log is empty), so a reader can follow the log."""
+        # deps: none
+        row = self._conn.execute("SELECT MAX(seq) FROM events").fetchone()
+        return row[0] or 0
 
     def snapshot(self) -> StoreSnapshot:
         """Every table, for equality checks across a restart."""

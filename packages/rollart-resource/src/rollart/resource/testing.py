@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rollart.resource.ledger import Transition, TransitionVetoed
-from rollart.resource.store import Event, MetadataStore, ServiceRecord, StoreSnapshot, WorkerRecord
+from rollart.resource.store import Event, EventDraft, MetadataStore, ServiceRecord, StoreSnapshot, WorkerRecord
 
 __all__ = ["CrashingStore", "RecordingHook", "SimulatedCrash"]
 
@@ -111,29 +111,34 @@ class CrashingStore:
     def close(self) -> None:
         self.inner.close()
 
-    def init_devices(self, devices: Sequence) -> None:
-        return self.__getattr__("init_devices")(devices)
+    def last_event_seq(self) -> int:
+        return self.inner.last_event_seq()
 
-    def claim(self, owner: str, role: str, devices: Sequence[int]) -> None:
-        return self.__getattr__("claim")(owner, role, devices)
+    def init_devices(self, devices: Sequence, *, event: EventDraft | None = None) -> None:
+        return self.__getattr__("init_devices")(devices, event=event)
 
-    def release(self, owner: str, devices: Sequence[int] | None = None) -> tuple[int, ...]:
-        return self.__getattr__("release")(owner, devices)
+    def claim(self, owner: str, role: str, devices: Sequence[int], *, event: EventDraft | None = None) -> None:
+        return self.__getattr__("claim")(owner, role, devices, event=event)
 
-    def begin_transition(self, transition: Transition) -> None:
-        return self.__getattr__("begin_transition")(transition)
+    def release(self, owner: str, devices: Sequence[int] | None = None, *,
+                event: EventDraft | None = None) -> tuple[int, ...]:
+        return self.__getattr__("release")(owner, devices, event=event)
 
-    def set_phase(self, transition_id: str, phase: str, reason: str | None = None) -> Transition:
-        return self.__getattr__("set_phase")(transition_id, phase, reason)
+    def begin_transition(self, transition: Transition, *, event: EventDraft | None = None) -> None:
+        return self.__getattr__("begin_transition")(transition, event=event)
 
-    def commit_transition(self, transition_id: str) -> Transition:
-        return self.__getattr__("commit_transition")(transition_id)
+    def set_phase(self, transition_id: str, phase: str, reason: str | None = None, *,
+                  event: EventDraft | None = None) -> Transition:
+        return self.__getattr__("set_phase")(transition_id, phase, reason, event=event)
 
-    def put_worker(self, record: WorkerRecord) -> None:
-        return self.__getattr__("put_worker")(record)
+    def commit_transition(self, transition_id: str, *, event: EventDraft | None = None) -> Transition:
+        return self.__getattr__("commit_transition")(transition_id, event=event)
 
-    def put_service(self, record: ServiceRecord) -> None:
-        return self.__getattr__("put_service")(record)
+    def put_worker(self, record: WorkerRecord, *, event: EventDraft | None = None) -> None:
+        return self.__getattr__("put_worker")(record, event=event)
+
+    def put_service(self, record: ServiceRecord, *, event: EventDraft | None = None) -> None:
+        return self.__getattr__("put_service")(record, event=event)
 
     def append_event(self, kind: str, payload: Mapping[str, Any], at: float) -> Event:
         return self.__getattr__("append_event")(kind, payload, at)
