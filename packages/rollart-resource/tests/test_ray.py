@@ -31,10 +31,15 @@ async def test_workers_land_on_right_hardware(ray_rt, ray_cluster):
     from ray.util.placement_group import placement_group_table
 
     handles = []
-    for rank, (hw, dev) in enumerate([("H800", 0), ("H20", 4), ("H20", 5)]):
-        handles.append(await ray_rt.spawn(Probe, WorkerContext("probe", rank, 3, hw, (dev,)), (), {}, timeout=60))
+    for rank, (hw, dev) in enumerate([("H800", 0), ("H20", 4), ("H20", 5), ("CPU", 8)]):
+        handles.append(await ray_rt.spawn(Probe, WorkerContext("probe", rank, 4, hw, (dev,)), (), {}, timeout=60))
     try:
-        for h in handles:
+        cpu = handles.pop()
+        granted = await ray_rt.call(cpu, "rollart_assigned_resources", (), {})
+        assert granted.get("CPU") == 1.0 and "GPU" not in granted  # an environment node: CPU only
+        assert placement_group_table(cpu.placement_group)["bundles"][0] == {"CPU": 1.0}
+        handles.append(cpu)
+        for h in handles[:-1]:
             granted = await ray_rt.call(h, "rollart_assigned_resources", (), {})
             assert granted.get(h.context.hw) == 1.0 and granted.get("GPU") == 1.0, granted
             other = "H20" if h.context.hw == "H800" else "H800"
