@@ -35,6 +35,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/slow":
             time.sleep(0.5)  # the test server's own thread, not control-plane code
             self._send(200, {"late": True})
+        elif self.path.startswith("/auth"):
+            ok = self.headers.get("Authorization") == "Bearer s3cret"
+            self._send(200 if ok else 401, {"auth": ok})
         elif self.path == "/text":
             self.send_response(200)
             self.send_header("Content-Length", "5")
@@ -134,3 +137,24 @@ async def test_register_serverless_on_cluster(server):
     assert broken.health == "unhealthy" and "HTTP 500" in broken.last_error
     assert [e.kind for e in seen].count("service_registered") == 2
     await rewards.shutdown()
+
+
+async def test_headers_sent_and_secrets_kept_out_of_the_store(server):
+    base, _ = server
+    assert await ServerlessClient(f"{base}/auth", headers={"Authorization": "Bearer s3cret"})({}) == {"auth": True}
+    with pytest.raises(ServerlessError, match="HTTP 401"):
+        await ServerlessClient(f"{base}/auth")({})
+
+    class Scorer(Worker):
+        @register_serverless(attribute="judge", url=f"{base}/auth?access_token=abc&model=m",
+                             headers={"Authorization": "Bearer s3cret"})
+        async def score(self):
+            return await self.judge({})
+
+    rm = ResourceManager({"CPU": range(0, 1)})
+    scorers = await Cluster.create(rm, Scorer, role="reward", num_workers=1, name="s")
+    assert await scorers.score() == [{"auth": True}]
+    [service] = rm.store.services()
+    assert service.url == f"{base}/auth?access_token=***&model=m"
+    assert "s3cret" not in repr(rm.store.snapshot()) and "abc" not in repr(rm.store.snapshot())
+    await scorers.shutdown()

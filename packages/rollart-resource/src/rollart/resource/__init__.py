@@ -21,8 +21,38 @@ from rollart.resource.store import Event, MetadataStore, SqliteMetadataStore
 
 __version__ = "0.1.0"
 
-__all__ = [
+# The programming model pulls in httpx (and Ray lazily); import it on first use, not with the package.
+_LAZY = {
+    "Cluster": "rollart.resource.cluster",
+    "Worker": "rollart.resource.worker",
+    "register": "rollart.resource.decorators",
+    "hw_mapping": "rollart.resource.decorators",
+    "register_serverless": "rollart.resource.decorators",
+    "ServerlessClient": "rollart.resource.serverless",
+    "LocalRuntime": "rollart.resource.runtime",
+    "RayRuntime": "rollart.resource.runtime",
+    "WorkerContext": "rollart.resource.runtime",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'rollart.resource' has no attribute {name!r}")
+
+__all__ = [  # noqa: F822 - the programming-model names are resolved lazily by __getattr__
     "BUILTIN_HARDWARE",
+    "Cluster",
+    "LocalRuntime",
+    "RayRuntime",
+    "ServerlessClient",
+    "Worker",
+    "WorkerContext",
+    "hw_mapping",
+    "register",
+    "register_serverless",
     "ROLES",
     "Allocation",
     "DeviceRecord",

@@ -28,7 +28,7 @@ from rollart.resource.errors import (
 )
 from rollart.resource.manager import ResourceManager
 from rollart.resource.runtime import LocalRuntime, WorkerContext, WorkerRuntime
-from rollart.resource.serverless import ServerlessClient
+from rollart.resource.serverless import ServerlessClient, redact_url
 from rollart.resource.store import WorkerRecord
 from rollart.resource.worker import Worker
 
@@ -183,10 +183,10 @@ class Cluster:
                 continue
             s = spec.serverless
             service = f"{self._name}.{method}"
-            self._manager.register_service(service, s.url, self._name)
+            self._manager.register_service(service, redact_url(s.url), self._name)  # no secrets in the store
             self._service_health[service] = None
             self._serverless_methods[method] = service
-            client = ServerlessClient(s.url, timeout=s.timeout, retries=s.retries, backoff=s.backoff)
+            client = ServerlessClient(s.url, timeout=s.timeout, retries=s.retries, backoff=s.backoff, headers=s.headers)
             await asyncio.gather(*(self._call(rank, "rollart_set_attribute", (s.attribute, client), {})
                                    for rank in self.ranks))
 

@@ -35,6 +35,7 @@ class ServerlessSpec:
         timeout: per-attempt deadline in seconds.
         retries: retries after the first attempt.
         backoff: base of the exponential backoff in seconds.
+        headers: sent with every request (e.g. authorization); never written to the store.
     """
 
     attribute: str
@@ -42,6 +43,7 @@ class ServerlessSpec:
     timeout: float
     retries: int
     backoff: float
+    headers: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ def hw_mapping(hw_affinity: Mapping[str, str]) -> Callable[[F], F]:
     return decorate
 
 
-def register_serverless(attribute: str, url: str, *, timeout: float = 10.0, retries: int = 3, backoff: float = 0.1, mode: str = "execute_all") -> Callable[[F], F]:
+def register_serverless(attribute: str, url: str, *, timeout: float = 10.0, retries: int = 3, backoff: float = 0.1, mode: str = "execute_all", headers: Mapping[str, str] | None = None) -> Callable[[F], F]:
     """Replace `attribute` on every worker with a client of the HTTP function at url (paper Listing 1 line 26)."""
     # deps: none
     # VAL: VAL_NON_EMPTY(attribute, exc=ResourceError)
@@ -130,7 +132,8 @@ def register_serverless(attribute: str, url: str, *, timeout: float = 10.0, retr
     if mode not in DISPATCH_MODES:
         raise ResourceError(f"mode must be one of {sorted(DISPATCH_MODES, key=repr)!r}, got {mode!r}")
     # <<< generated
-    spec = DispatchSpec(mode, serverless=ServerlessSpec(attribute, url, float(timeout), retries, float(backoff)))
+    spec = DispatchSpec(mode, serverless=ServerlessSpec(attribute, url, float(timeout), retries, float(backoff),
+                                                        dict(headers) if headers else None))
 
     def decorate(fn: F) -> F:
         setattr(fn, _ATTR, spec)

@@ -10,12 +10,28 @@ caller's fault and is not retried. The endpoint contract is plain JSON POST -> J
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
 from rollart.resource.errors import ResourceError, ServerlessError
 
-__all__ = ["ServerlessClient"]
+__all__ = ["ServerlessClient", "redact_url"]
+
+_SECRET_WORDS = ("token", "key", "secret", "password", "signature", "auth")
+
+
+def redact_url(url: str) -> str:
+    """The URL with secret-looking query values and userinfo replaced by ``***`` (for the store, logs, errors)."""
+    # deps: urllib.parse
+    parts = urlsplit(url)
+    query = urlencode([(k, "***" if any(w in k.lower() for w in _SECRET_WORDS) else v)
+                       for k, v in parse_qsl(parts.query, keep_blank_values=True)], safe="*")
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 class ServerlessClient:
@@ -28,8 +44,12 @@ class ServerlessClient:
         ```
     """
 
-    def __init__(self, url: str, *, timeout: float = 10.0, retries: int = 3, backoff: float = 0.1) -> None:
-        """Keep the settings only; the HTTP pool is made lazily per event loop so the client pickles."""
+    def __init__(self, url: str, *, timeout: float = 10.0, retries: int = 3, backoff: float = 0.1, headers: Mapping[str, str] | None = None) -> None:
+        """Keep the settings only; the HTTP pool is made lazily per event loop so the client pickles.
+
+        ``headers`` (e.g. ``{"Authorization": "Bearer ..."}``) go with every request and are never
+        written to the metadata store.
+        """
         # deps: none
         # VAL: VAL_TIMEOUT(timeout, exc=ResourceError)
         # >>> generated VAL_TIMEOUT #1a53c8063d (edit the annotation, not this block)
@@ -52,6 +72,7 @@ class ServerlessClient:
         self.timeout = float(timeout)
         self.retries = retries
         self.backoff = float(backoff)
+        self.headers = dict(headers or {})
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -62,14 +83,14 @@ class ServerlessClient:
         return state
 
     def __repr__(self) -> str:
-        return f"ServerlessClient({self.url!r}, timeout={self.timeout}, retries={self.retries})"
+        return f"ServerlessClient({redact_url(self.url)!r}, timeout={self.timeout}, retries={self.retries})"
 
     def _http(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
             # plain http needs no TLS context (building one loads the CA bundle: ~1 s on a busy machine)
             verify = self.url.startswith("https://")
-            self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout), verify=verify)
+            self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout), verify=verify, headers=self.headers)
             self._loop = loop
         return self._client
 
@@ -90,17 +111,17 @@ class ServerlessClient:
                 if response.status_code >= 500:
                     last = f"HTTP {response.status_code}: {response.text[:200]}"
                 elif response.status_code >= 400:
-                    raise ServerlessError(self.url, attempt, f"HTTP {response.status_code} is a client error, not "
+                    raise ServerlessError(redact_url(self.url), attempt, f"HTTP {response.status_code} is a client error, not "
                                                              f"retried: {response.text[:200]}")
                 else:
                     try:
                         return response.json()
                     except ValueError:
-                        raise ServerlessError(self.url, attempt,
+                        raise ServerlessError(redact_url(self.url), attempt,
                                               f"response is not JSON: {response.text[:200]!r}") from None
             if attempt < attempts:
                 await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
-        raise ServerlessError(self.url, attempts, last)
+        raise ServerlessError(redact_url(self.url), attempts, last)
 
     async def aclose(self) -> None:
         """Close the HTTP pool (a later call opens a new one)."""
