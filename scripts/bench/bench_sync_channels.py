@@ -169,6 +169,32 @@ def gloo_channel(sizes: list[int], repeats: int) -> dict[int, tuple[float, float
     return {int(k): tuple(v) for k, v in json.loads(out.strip().splitlines()[-1]).items()}
 
 
+def raw_get_seconds(channel, snap) -> float:
+    """Mooncake alone: one batch_get_into of the same buckets into warm, pre-registered buffers."""
+    buffers = [t for t in _flat_buffers(snap)]
+    keys = [channel.bucket_key(snap.version, b.index) for b in snap.manifest.buckets]
+    ptrs = [b.data_ptr() for b in buffers]
+    sizes = [b.nbytes for b in snap.manifest.buckets]
+    for ptr, size in zip(ptrs, sizes):
+        channel.store.register_buffer(ptr, size)
+    t0 = time.perf_counter()
+    codes = channel.store.batch_get_into(keys, ptrs, sizes)
+    elapsed = time.perf_counter() - t0
+    for ptr in ptrs:
+        channel.store.unregister_buffer(ptr)
+    assert codes == sizes, codes
+    return elapsed
+
+
+def _flat_buffers(snap):
+    """The received flat buffers behind a snapshot (each bucket's first tensor view starts its buffer)."""
+    out = []
+    for bucket in snap.manifest.buckets:
+        first = snap.tensors[bucket.entries[0].name]
+        out.append(torch.empty(0, dtype=first.dtype).set_(first.untyped_storage(), 0, (bucket.numel,)))
+    return out
+
+
 def mooncake_fetcher(master: str, metadata: str) -> None:
     """Child: for each line "version", fetch it and print the fetch seconds."""
     from rollart.sync.mooncake import MooncakeChannel, MooncakeConfig
@@ -183,8 +209,9 @@ def mooncake_fetcher(master: str, metadata: str) -> None:
             snap = await channel.fetch(version, timeout=300)
             elapsed = time.perf_counter() - t0
             assert snap.version == version
+            raw = await asyncio.to_thread(raw_get_seconds, channel, snap)
             del snap
-            print(elapsed, flush=True)
+            print(elapsed, raw, flush=True)
         await channel.close()
 
     asyncio.run(run())
@@ -212,7 +239,7 @@ async def mooncake_channel(sizes: list[int], repeats: int) -> dict[int, dict[str
         version = 0
         for size in sizes:
             model = make_model(size)
-            best = dict.fromkeys(("publish", "publish_wire", "fetch", "total", "total_wire"), float("inf"))
+            best = dict.fromkeys(("publish", "publish_wire", "fetch", "total", "total_wire", "raw_get"), float("inf"))
             for _ in range(repeats + 1):
                 version += 1
                 t0 = time.perf_counter()
@@ -225,9 +252,9 @@ async def mooncake_channel(sizes: list[int], repeats: int) -> dict[int, dict[str
                 reply = await asyncio.to_thread(child.stdout.readline)
                 if not reply.strip():
                     raise RuntimeError(f"Mooncake fetcher died; see {stderr_log.name}")
-                t_fetch = float(reply)
+                t_fetch, t_raw = (float(x) for x in reply.split())
                 now = {"publish": t_pub, "publish_wire": t_wire, "fetch": t_fetch, "total": t_pub + t_fetch,
-                       "total_wire": t_wire + t_fetch}
+                       "total_wire": t_wire + t_fetch, "raw_get": t_raw}
                 best = {k: min(best[k], now[k]) for k in best}
             results[size] = best
             del model
@@ -292,6 +319,7 @@ def main() -> None:
             for size, b in asyncio.run(mooncake_channel(sizes, repeats)).items():
                 rows.append(("mooncake publish", size, b["publish"], "loopback TCP", tcp[size], b["publish_wire"]))
                 rows.append(("mooncake fetch, other proc", size, b["fetch"], "loopback TCP", tcp[size], b["fetch"]))
+                rows.append(("mooncake raw batch_get_into", size, b["raw_get"], "loopback TCP", tcp[size], None))
                 rows.append(("mooncake publish+fetch", size, b["total"], "loopback TCP", tcp[size], b["total_wire"]))
 
     table = Table(title=f"rollart-sync channels, GB/s (best of {repeats}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f})")

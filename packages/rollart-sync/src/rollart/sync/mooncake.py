@@ -305,6 +305,9 @@ class MooncakeChannel:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise SyncTimeoutError(f"version {version!r} not published to {self._prefix} within {timeout} s")
+            if version != LATEST and await asyncio.to_thread(self._store.is_exist, self.manifest_key(version)) == 1:
+                target = version  # the common case of an announced version: skip the pointer round trip
+                break
             latest = await self.latest_version(remaining)
             if latest is not None and (version == LATEST or version <= latest):
                 target = latest if version == LATEST else version
