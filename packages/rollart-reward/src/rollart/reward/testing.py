@@ -1,0 +1,71 @@
+"""Reward functions for tests and benchmarks of the service (named as such; not for training).
+
+`test_registry` adds, on top of the rule rewards:
+- `slow`: sleeps `trajectory.info["sleep_s"]` (default 0.05 s), appends the trajectory id to the
+  file named by `ROLLART_REWARD_TEST_LOG` (so a test can count real scorings), scores len(id);
+- `hang`: never returns (only the service's deadline ends it);
+- `boom`: raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from rollart.env.trajectory import Trajectory
+
+from rollart.reward.protocol import RewardRegistry, RewardResult
+from rollart.reward.service import default_registry
+
+LOG_ENV = "ROLLART_REWARD_TEST_LOG"
+
+
+class SlowRecordingReward:
+    """Sleeps, records that it scored, returns len(trajectory.id)."""
+
+    name = "slow"
+
+    async def score(self, trajectory: Trajectory) -> RewardResult:
+        """Sleep `info['sleep_s']`, then append the id to the log file."""
+        await asyncio.sleep(float(trajectory.info.get("sleep_s", 0.05)))
+        path = os.environ.get(LOG_ENV)
+        if path:
+            await asyncio.to_thread(_append, path, trajectory.id)
+        return RewardResult(score=float(len(trajectory.id)), details={"pid": os.getpid()})
+
+
+def _append(path: str, line: str) -> None:
+    with open(path, "a") as f:
+        f.write(line + "\n")
+
+
+class HangingReward:
+    """Never returns."""
+
+    name = "hang"
+
+    async def score(self, trajectory: Trajectory) -> RewardResult:
+        """Wait forever."""
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+class FailingReward:
+    """Always raises."""
+
+    name = "boom"
+
+    async def score(self, trajectory: Trajectory) -> RewardResult:
+        """Raise."""
+        raise ValueError("reward function bug")
+
+
+def test_registry() -> RewardRegistry:
+    """The default rule rewards plus `slow`, `hang` and `boom`."""
+    registry = default_registry()
+    for fn in (SlowRecordingReward(), HangingReward(), FailingReward()):
+        registry.register(fn)
+    return registry
+
+
+test_registry.__test__ = False  # not a pytest test
