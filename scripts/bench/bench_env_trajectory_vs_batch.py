@@ -23,7 +23,6 @@ import time
 
 from rich.console import Console
 from rich.table import Table
-
 from rollart.env.envs.latency import LatencyDistribution, LatencyWrapper
 from rollart.env.envs.math_calc import MathCalcEnv
 from rollart.env.group import EnvGroup
@@ -32,6 +31,18 @@ from rollart.env.prompts import ChatTemplatePromptBuilder
 from rollart.env.stubs import ListSink, StubLLMClient
 from rollart.env.tiny_tokenizer import build_tiny_chat_tokenizer
 from rollart.env.virtual_clock import run_virtual
+
+
+class CountingSink(ListSink):
+    """A list sink that calls `on_put` after each trajectory (to stop the continuous run on time)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on_put = lambda: None
+
+    def put_nowait(self, trajectory) -> None:
+        super().put_nowait(trajectory)
+        self.on_put()
 
 
 def make_managers(prompts, tokenizer, n, turns, mu, sigma, llm_latency, sink, seed):
@@ -78,8 +89,9 @@ async def continuous(managers, iterations, sink):
     t0 = loop.time()
     tasks = [asyncio.create_task(m.run(iter(range(i * 10**6, (i + 1) * 10**6)))) for i, m in enumerate(managers)]
     target = iterations * len(managers)
-    while len(sink.items) < target:
-        await asyncio.sleep(0.5)
+    reached = asyncio.Event()
+    sink.on_put = lambda: reached.set() if len(sink.items) >= target else None
+    await reached.wait()
     elapsed = loop.time() - t0
     for t in tasks:
         t.cancel()
@@ -109,7 +121,7 @@ def main() -> None:
     for sigma in sigmas:
         res = {}
         for mode in ("batch", "traj", "async"):
-            sink = ListSink()
+            sink = CountingSink()
             mgrs = make_managers(prompts, tokenizer, n_envs, args.turns, args.mu, sigma, args.llm_latency, sink, sigma)
             if mode == "batch":
                 res[mode] = run_virtual(batch_level(mgrs, iterations))
