@@ -86,6 +86,18 @@ async def start_local_workers(config: RunConfig, mcfg: Any) -> list[InferenceWor
     return workers
 
 
+async def _ray_workers_with_ledger(config: RunConfig, mcfg: Any) -> tuple[Any, list[Any]]:
+    """Rollout workers as Ray actors on devices taken from a rollart.resource ledger (Ray must be up)."""
+    from rollart.resource.manager import ResourceManager
+    from rollart.scheduler.ray_workers import start_ray_workers
+
+    c = config.cluster
+    ledger = ResourceManager(pool={c.hardware: range(c.rollout_devices + c.train_devices)})
+    devices = list(ledger.allocate("rollout", "rollout", c.rollout_devices, c.hardware).devices)
+    workers = await start_ray_workers(mcfg, config.run.seed, devices, c.hardware, config.time_sharing.slots_per_device)
+    return ledger, workers
+
+
 async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | None = None,
                          tensorboard: bool | None = None) -> Pipeline:
     """Wire every part for `config`; `workers` (WorkerHandles, e.g. Ray actors) default to in-process ones."""
@@ -94,13 +106,18 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     seed = config.run.seed
-    if workers is None:
+    ledger = None
+    closers: list[Any] = []
+    if workers is None and config.cluster.use_ray:
+        ledger, workers = await _ray_workers_with_ledger(config, mcfg)
+        closers.append(ledger.close)
+    elif workers is None:
         workers = await start_local_workers(config, mcfg)
     proxy = LLMProxy(workers, max_inflight_per_worker=config.time_sharing.slots_per_device)
     tc = config.trainer
     trainer = TorchTrainer(build_causal_lm(mcfg, seed=seed), TrainerConfig(
         lr=tc.lr, micro_batch_size=tc.micro_batch_size, max_grad_norm=tc.max_grad_norm,
-        loss=LossConfig(clip_eps_low=tc.clip_eps, clip_eps_high=tc.clip_eps)))
+        loss=LossConfig(clip_eps_low=tc.clip_eps, clip_eps_high=tc.clip_eps, entropy_coef=tc.entropy_coef)))
     updater = ModelUpdateGroup(LocalChannel(), [ProxyWeightLoader(proxy)], timeout=config.pipeline.update_timeout_s)
     pcfg = config.pipeline
     buffer = SampleBuffer(alpha=pcfg.alpha, group_size=pcfg.group_size)
@@ -124,7 +141,11 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
     rollout_devices = [d for w in workers for d in w.devices]
     colocated = pcfg.mode == "sync"
     first_train = max(rollout_devices) + 1
-    train_devices = list(rollout_devices) if colocated else list(range(first_train, first_train + config.cluster.train_devices))
+    train_devices = list(range(first_train, first_train + config.cluster.train_devices))
+    if ledger is not None:
+        train_devices = list(ledger.allocate("trainer", "train", config.cluster.train_devices, config.cluster.hardware).devices)
+    if colocated:
+        train_devices = list(rollout_devices)
     loop = asyncio.get_running_loop()
     timeline = RoleTimeline(run_dir / "timeline.jsonl", sorted(set(rollout_devices) | set(train_devices)), clock=loop.time)
     controller = None
@@ -132,14 +153,14 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
         ts = config.time_sharing
         policy = (CostAwarePolicy(min_keep=ts.min_keep, margin=ts.margin, prior_switch_cost_s=ts.prior_switch_cost_s)
                   if ts.policy == "cost_aware" else AlwaysShrinkPolicy(lend=ts.lend))
-        controller = TimeSharingController(ProxyElasticPool(proxy), policy, train_devices=config.cluster.train_devices,
+        controller = TimeSharingController(ProxyElasticPool(proxy, ledger=ledger), policy, train_devices=config.cluster.train_devices,
                                            slots_per_device=ts.slots_per_device, on_role=timeline.set_role)
     use_tb = config.run.tensorboard if tensorboard is None else tensorboard
     parts = PipelineParts(buffer=buffer, rollout=rollout, trainer=trainer, updater=updater,
                           rollout_devices=rollout_devices, train_devices=train_devices, controller=controller,
                           timeline=timeline, metrics=MetricsWriter(run_dir, tensorboard=use_tb),
                           checkpointer=Checkpointer(run_dir / "checkpoints"), pad_token_id=0,
-                          closers=[proxy.close])
+                          closers=[proxy.close, *closers])
     pipeline = Pipeline(config, parts)
     pipeline_ref.append(pipeline)
     return pipeline

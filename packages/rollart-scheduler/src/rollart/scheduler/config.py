@@ -72,8 +72,8 @@ class ClusterSection(_Strict):
 
     rollout_devices: int = Field(2, ge=1)
     train_devices: int = Field(1, ge=1)
-    use_ray: bool = True
-    ray_num_cpus: int = Field(2, ge=1)
+    use_ray: bool = False
+    hardware: str = "H800"
 
 
 class ModelSection(_Strict):
@@ -92,6 +92,7 @@ class TrainerSection(_Strict):
     algorithm: Literal["grpo", "ppo"] = "grpo"
     lr: float = Field(3e-3, gt=0)
     clip_eps: float = Field(0.2, gt=0)
+    entropy_coef: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
     micro_batch_size: int = Field(64, ge=1)
 

@@ -7,8 +7,10 @@ the real `rollart.env` ones:
 * FrozenLake (non-slippery 4x4, the classic map): each observation becomes one token naming the
   player's cell (`c0`..`c15`); the policy answers with one token (`left`/`down`/`right`/`up`), which
   decodes to the move word the env's own parser reads. Reward (shaped, stated here and in the
-  docs): 1.0 at the goal, else 0.5 x (1 - manhattan distance to the goal / 6), because a random
-  4x4 walk reaches the goal ~1% of the time.
+  docs): 1.0 at the goal, else 0.5 x (1 - d / 6) where d is the shortest safe-path distance to
+  the goal from the closest cell the episode reached (a potential without dead ends), plus the
+  env's own invalid-action penalty (-0.05 per unparsable move), because a random 4x4 walk reaches
+  the goal ~1% of the time.
 * Math with the calculator tool (`MathCalcEnv`): the policy sees `math` and then one token per
   env reply (`result`, `hint`, ...). Its action tokens are tool macros: `calc` decodes to
   `<calc>EXPRESSION</calc>` with the question's expression, `answer` to `<answer>LAST_RESULT</answer>`.
@@ -122,14 +124,38 @@ class MathToolPrompts:
         return " ".join(words)
 
 
+def _goal_distances(desc: list[str]) -> dict[int, int]:
+    """Shortest safe path length (avoiding holes) from every non-hole cell to the goal (BFS)."""
+    n = len(desc)
+    goal = next(r * n + c for r in range(n) for c in range(n) if desc[r][c] == "G")
+    dist = {goal: 0}
+    frontier = [goal]
+    while frontier:
+        nxt = []
+        for cell in frontier:
+            r, c = divmod(cell, n)
+            for dr, dc in ((1, 0), (-1, 0), (0, 1), (0, -1)):
+                rr, cc = r + dr, c + dc
+                if 0 <= rr < n and 0 <= cc < n and desc[rr][cc] != "H" and rr * n + cc not in dist:
+                    dist[rr * n + cc] = dist[cell] + 1
+                    nxt.append(rr * n + cc)
+        frontier = nxt
+    return dist
+
+
+GOAL_DISTANCE = _goal_distances(FROZEN_LAKE_MAP)
+
+
 def frozen_lake_reward(trajectory: Trajectory) -> float:
-    """1.0 at the goal, else 0.5 x progress towards it (see the module docstring)."""
+    """1.0 at the goal, else 0.5 x the best safe-path progress reached, plus invalid-move penalties (module docstring)."""
     if trajectory.success or trajectory.env_return >= 1.0:
         return 1.0
-    last = trajectory.turns[-1].observation if trajectory.turns else trajectory.initial_observation
-    cell = frozen_lake_cell(last or trajectory.initial_observation)
-    r, c = divmod(cell, 4)
-    return 0.5 * (1.0 - ((3 - r) + (3 - c)) / 6.0)
+    cells = [frozen_lake_cell(trajectory.initial_observation)]
+    cells += [frozen_lake_cell(t.observation) for t in trajectory.turns if t.observation]
+    worst = max(GOAL_DISTANCE.values())
+    best = min((GOAL_DISTANCE[c] for c in cells if c in GOAL_DISTANCE), default=worst)
+    penalty = sum(min(t.env_reward, 0.0) for t in trajectory.turns)  # the env's invalid-action penalty
+    return 0.5 * (1.0 - best / worst) + penalty
 
 
 def math_reward(trajectory: Trajectory) -> float:
