@@ -65,6 +65,8 @@ async def test_auth_limits_and_structured_errors(shared_server):
         assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
         r = await http.post(f"{url}/v1/score", json=good, headers={"Authorization": "Bearer wrong-token"})
         assert r.status_code == 401
+        r = await http.post(f"{url}/v1/score?access_token={TOKEN}", json=good)
+        assert r.status_code == 401  # tokens in URLs are not accepted (they leak into logs and stores)
         assert (await http.get(f"{url}/metrics")).status_code == 401
         r = await http.post(f"{url}/v1/score", json=good, headers=auth)
         assert r.status_code == 200 and r.json()["results"][0]["status"] == "ok"
@@ -161,12 +163,13 @@ async def test_register_serverless_installs_a_service_client_on_workers(shared_s
     from rollart.resource.manager import ResourceManager
     from rollart.resource.worker import Worker
 
-    from rollart.reward.serverless import results_from_response, score_payload, serverless_score_url
+    from rollart.reward.serverless import results_from_response, score_payload, serverless_headers, serverless_score_url
 
-    url = serverless_score_url(shared_server.url, TOKEN)
+    url = serverless_score_url(shared_server.url)
+    headers = serverless_headers(TOKEN)
 
     class RewardWorker(Worker):
-        @register_serverless(attribute="reward_proxy", url=url, timeout=10, retries=2)
+        @register_serverless(attribute="reward_proxy", url=url, timeout=10, retries=2, headers=headers)
         async def compute_rewards(self, trajectories):
             trajs = [Trajectory.model_validate(t) for t in trajectories]
             response = await self.reward_proxy(score_payload("math", trajs))
@@ -176,4 +179,5 @@ async def test_register_serverless_installs_a_service_client_on_workers(shared_s
     workers = await Cluster.create(rm, RewardWorker, role="reward", num_workers=2, name="rw")
     payload = [make_traj(300).model_dump(mode="json"), make_traj(301, answer="<answer>3</answer>").model_dump(mode="json")]
     assert await workers.compute_rewards(payload) == [[1.0, 0.0], [1.0, 0.0]]
+    assert all(TOKEN not in repr(s) for s in rm.store.services())  # the secret is not in the store
     await workers.shutdown()

@@ -1,17 +1,16 @@
 """Wiring to `rollart.resource.register_serverless`: the reward service as a worker attribute.
 
-`register_serverless(attribute=..., url=serverless_score_url(base, token))` installs a
-`rollart.resource.ServerlessClient` (JSON POST -> JSON, retries on 5xx/timeouts) on every worker.
-That client cannot set headers, so the URL carries the token as the RFC 6750 `access_token` query
-parameter, which the service accepts next to the bearer header. Idempotency still holds: the keys
-travel in the body, so the client's retries are answered from the service's result cache.
+`register_serverless(attribute=..., url=serverless_score_url(base), headers=serverless_headers(token))`
+installs a `rollart.resource.ServerlessClient` (JSON POST -> JSON, retries on 5xx/timeouts) on every
+worker. The token travels only in the `Authorization` header (register_serverless keeps headers out
+of the metadata store; a token in the URL would be stored and logged). Idempotency still holds: the
+keys travel in the body, so the client's retries are answered from the service's result cache.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import quote
 
 from rollart.env.trajectory import Trajectory
 
@@ -20,19 +19,24 @@ from rollart.reward.errors import RewardError
 from rollart.reward.protocol import RewardResult
 
 
-def serverless_score_url(base_url: str, token: str) -> str:
-    """The `/v1/score` URL with the token as `access_token` (for `register_serverless`)."""
+def serverless_score_url(base_url: str) -> str:
+    """The service's `/v1/score` URL (for `register_serverless(url=...)`)."""
     # AST: AST_PRECONDITION(base_url.startswith(("http://", "https://")), got=base_url, msg="base_url is http(s)", exc=RewardError)
     # >>> generated AST_PRECONDITION #81868351f2 (edit the annotation, not this block)
     if not (base_url.startswith(('http://', 'https://'))):
         raise RewardError(f"Pre-condition: base_url is http(s), got {base_url!r}")
     # <<< generated
+    return f"{base_url.rstrip('/')}/v1/score"
+
+
+def serverless_headers(token: str) -> dict[str, str]:
+    """The bearer header for `register_serverless(headers=...)`."""
     # VAL: VAL_NON_EMPTY(token, exc=RewardError)
     # >>> generated VAL_NON_EMPTY #ab7b459e61 (edit the annotation, not this block)
     if len(token) == 0:
         raise RewardError(f"token must not be empty, got {token!r}")
     # <<< generated
-    return f"{base_url.rstrip('/')}/v1/score?access_token={quote(token, safe='')}"
+    return {"Authorization": f"Bearer {token}"}
 
 
 def score_payload(reward: str, trajectories: Sequence[Trajectory], timeout_s: float | None = None) -> dict[str, Any]:

@@ -6,9 +6,8 @@ both are already dependencies. Ray Serve would add autoscaling but also a Ray cl
 reward deployment and test; the `register_serverless` seam lets a user point the same client at
 Ray Serve or a cloud function later without code changes.
 
-Endpoints: `GET /health` (no auth), `GET /metrics` and `POST /v1/score` (bearer token; RFC 6750
-`access_token` query parameter also accepted for clients that cannot set headers, e.g.
-`rollart.resource.ServerlessClient`). Errors are structured: `{"error": {"code", "message", ...}}`.
+Endpoints: `GET /health` (no auth), `GET /metrics` and `POST /v1/score` (bearer token in the
+`Authorization` header only). Errors are structured: `{"error": {"code", "message", ...}}`.
 """
 
 from __future__ import annotations
@@ -147,7 +146,7 @@ def create_app(registry: RewardRegistry, config: ServiceConfig) -> FastAPI:
 
     def authorized(request: Request) -> bool:
         header = request.headers.get("authorization", "")
-        token = header[7:] if header.lower().startswith("bearer ") else request.query_params.get("access_token", "")
+        token = header[7:] if header.lower().startswith("bearer ") else ""
         return hmac.compare_digest(token.encode(), expected)
 
     @app.exception_handler(StarletteHTTPException)
