@@ -7,7 +7,7 @@ import sys
 import pytest
 from rollart.resource.cluster import Cluster
 from rollart.resource.decorators import hw_mapping, register
-from rollart.resource.errors import WorkerFailedError
+from rollart.resource.errors import PlacementTimeout, WorkerFailedError
 from rollart.resource.manager import ResourceManager
 from rollart.resource.runtime import RayRuntime, WorkerContext
 from rollart.resource.worker import Worker
@@ -116,3 +116,21 @@ async def test_ray_killed_worker_restarted_then_removed(ray_rt, ray_cluster):
         assert await cluster.compute_gradients([3]) == [(0, 3, 1.0)]
     finally:
         await cluster.shutdown()
+
+
+async def test_ray_placement_timeout_is_all_or_nothing(ray_rt, ray_cluster):
+    from ray.util.placement_group import placement_group_table
+
+    # the ledger believes in 6 H800 devices, Ray has 4: the 5th and 6th worker cannot be placed
+    rm = ResourceManager({"H800": range(0, 6)})
+    before = rm.devices()
+    existing = set(placement_group_table())  # other tests of the session may hold groups of their own
+    with pytest.raises(PlacementTimeout, match=r"worker Probe-train/\d .*within timeout=8"):
+        # (under load an actor start may be what times out first; either way nothing stays placed)
+        await Cluster.create(rm, Probe, role="train", hw="H800", num_workers=6, runtime=ray_rt, timeout=8)
+    assert rm.devices() == before
+    # every placement group of the attempt was removed: Ray has all 4 H800 back
+    ours = {k: pg for k, pg in placement_group_table().items() if k not in existing}
+    assert len(ours) == 6 and all(pg["state"] == "REMOVED" for pg in ours.values())
+    cluster = await Cluster.create(rm, Probe, role="train", hw="H800", num_workers=4, runtime=ray_rt, timeout=60)
+    await cluster.shutdown()
