@@ -10,18 +10,16 @@ from rollart.env.envs.latency import LatencyDistribution, LatencyWrapper
 from rollart.env.errors import EnvError
 from rollart.env.group import EnvGroup, LockstepBarrier
 from rollart.env.manager import EnvManager, EnvManagerConfig
-from rollart.env.stubs import ListSink, StubLLMClient
+from rollart.env.stubs import CountdownStubEnv, ListSink, StubLLMClient
 from rollart.env.trajectory import TrajectoryStatus
 from rollart.env.virtual_clock import run_virtual
-
-from .test_manager import CountdownEnv
 
 
 def _managers(prompts, step_latencies, sink):
     out = []
     for i, latency in enumerate(step_latencies):
         env_factory = lambda latency=latency: LatencyWrapper(  # noqa: E731
-            CountdownEnv(length=3), step_latency=LatencyDistribution("fixed", latency)
+            CountdownStubEnv(length=3), step_latency=LatencyDistribution("fixed", latency)
         )
         llm = StubLLMClient(lambda s: [5, 6], ["x"], latency_s=1.0)
         out.append(EnvManager(env_factory, llm, prompts, sink, EnvManagerConfig(max_turns=10), name=f"m{i}"))

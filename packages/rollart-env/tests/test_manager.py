@@ -9,54 +9,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from rollart.env.envs.latency import LatencyDistribution, LatencyWrapper
-from rollart.env.errors import TransientEnvError
 from rollart.env.manager import EnvManager, EnvManagerConfig
-from rollart.env.protocols import GenerationRequest, GenerationResult, ResetResult, StepResult
+from rollart.env.protocols import GenerationRequest, GenerationResult
 from rollart.env.retry import RetryPolicy
-from rollart.env.stubs import ListSink, StubLLMClient
+from rollart.env.stubs import CountdownStubEnv, ListSink, StubLLMClient
 from rollart.env.trajectory import TrajectoryStatus
 from rollart.env.virtual_clock import VirtualClockEventLoop, run_virtual
 
-
-class CountdownEnv:
-    """A test environment: terminates after `length` steps; can crash, fail or hang on chosen calls."""
-
-    name = "countdown"
-    system_prompt = "Count down."
-
-    def __init__(self, length=3, crash_on_step=None, transient_on_steps=(), hang_on_step=None, crash_on_reset=0):
-        self.length = length
-        self.crash_on_step = crash_on_step
-        self.transient_on_steps = set(transient_on_steps)
-        self.hang_on_step = hang_on_step
-        self.crash_on_reset = crash_on_reset
-        self.steps = 0
-        self.step_calls = 0
-        self.actions = []
-        self.closed = False
-
-    async def reset(self, seed=None):
-        if self.crash_on_reset > 0:
-            self.crash_on_reset -= 1
-            raise RuntimeError("reset exploded")
-        self.steps = 0
-        return ResetResult(observation=f"start {seed}", info={"seed": seed})
-
-    async def step(self, action):
-        self.step_calls += 1
-        if self.step_calls in self.transient_on_steps:
-            raise TransientEnvError("try again")
-        if self.step_calls == self.crash_on_step:
-            raise RuntimeError("segfault-ish")
-        if self.step_calls == self.hang_on_step:
-            await asyncio.Event().wait()
-        self.actions.append(action)
-        self.steps += 1
-        done = self.steps >= self.length
-        return StepResult(f"left {self.length - self.steps}", 1.0 if done else 0.0, done, False, {})
-
-    async def close(self):
-        self.closed = True
+CountdownEnv = CountdownStubEnv
 
 
 def _manager(prompts, tokenizer, env_factory, llm=None, **cfg):

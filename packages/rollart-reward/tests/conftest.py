@@ -98,3 +98,11 @@ def server_factory(tmp_path):
     yield make
     for srv in made:
         srv.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory):
+    """One server for a module's tests: 2 workers, a 64 KiB body limit and at most 50 items."""
+    srv = ServerProcess(tmp_path_factory.mktemp("svc"), workers=2, max_body_bytes=64 * 1024, max_items=50).start()
+    yield srv
+    srv.stop()

@@ -15,7 +15,7 @@ from rollart.reward.cache import ResultCache
 from rollart.reward.client import RewardClient
 from rollart.reward.errors import RewardRequestError, RewardTimeoutError
 
-from .conftest import TOKEN
+TOKEN = "test-token-123456"  # the conftest's server token
 
 
 def make_traj(i, sleep_s=0.0, answer="<answer>4</answer>"):
@@ -44,15 +44,6 @@ def test_result_cache_claims_once_and_takes_over_dead_owners(tmp_path):
     live_other.release("k3")
     assert a.claim("k3").outcome == "claimed"
     assert a.completions() == {"k1": 1}
-
-
-@pytest.fixture(scope="module")
-def shared_server(tmp_path_factory):
-    from .conftest import ServerProcess
-
-    srv = ServerProcess(tmp_path_factory.mktemp("svc"), workers=2, max_body_bytes=64 * 1024, max_items=50).start()
-    yield srv
-    srv.stop()
 
 
 async def test_auth_limits_and_structured_errors(shared_server):

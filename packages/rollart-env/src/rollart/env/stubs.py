@@ -1,4 +1,4 @@
-"""Named stubs for tests and benchmarks: a scripted fixed-latency LLM client and list sinks.
+"""Named stubs for tests and benchmarks: a scripted fixed-latency LLM client, a list sink, a countdown env.
 
 Why a stub LLM is legitimate here: the real engines live in rollart-proxy (env may not import
 it); the EnvManager's behaviour under latency, failures and cancellation is what these tests and
@@ -12,8 +12,8 @@ import asyncio
 import random
 from collections.abc import Callable, Sequence
 
-from rollart.env.errors import EnvError
-from rollart.env.protocols import GenerationRequest, GenerationResult
+from rollart.env.errors import EnvError, TransientEnvError
+from rollart.env.protocols import GenerationRequest, GenerationResult, ResetResult, StepResult
 from rollart.env.trajectory import Trajectory
 
 
@@ -86,3 +86,55 @@ class ListSink:
     def put_nowait(self, trajectory: Trajectory) -> None:
         """Append the trajectory."""
         self.items.append(trajectory)
+
+
+class CountdownStubEnv:
+    """A scripted stub `Env`: terminates after `length` steps; crashes, fails or hangs on chosen calls."""
+
+    name = "countdown"
+    system_prompt = "Count down."
+
+    def __init__(
+        self,
+        length: int = 3,
+        crash_on_step: int | None = None,
+        transient_on_steps: tuple[int, ...] = (),
+        hang_on_step: int | None = None,
+        crash_on_reset: int = 0,
+    ) -> None:
+        """Step numbers are 1-based counts of `step` calls over the env's life."""
+        self.length = length
+        self.crash_on_step = crash_on_step
+        self.transient_on_steps = set(transient_on_steps)
+        self.hang_on_step = hang_on_step
+        self.crash_on_reset = crash_on_reset
+        self.steps = 0
+        self.step_calls = 0
+        self.actions = []
+        self.closed = False
+
+    async def reset(self, seed: int | None = None) -> ResetResult:
+        """Start counting down (or crash, if asked to)."""
+        if self.crash_on_reset > 0:
+            self.crash_on_reset -= 1
+            raise RuntimeError("reset exploded")
+        self.steps = 0
+        return ResetResult(observation=f"start {seed}", info={"seed": seed})
+
+    async def step(self, action: str) -> StepResult:
+        """Record the action and count down; fail, crash or hang on the chosen calls."""
+        self.step_calls += 1
+        if self.step_calls in self.transient_on_steps:
+            raise TransientEnvError("try again")
+        if self.step_calls == self.crash_on_step:
+            raise RuntimeError("segfault-ish")
+        if self.step_calls == self.hang_on_step:
+            await asyncio.Event().wait()
+        self.actions.append(action)
+        self.steps += 1
+        done = self.steps >= self.length
+        return StepResult(f"left {self.length - self.steps}", 1.0 if done else 0.0, done, False, {})
+
+    async def close(self) -> None:
+        """Mark closed."""
+        self.closed = True
