@@ -8,7 +8,7 @@ import pytest
 
 from rollart.env.envs.latency import LatencyDistribution, LatencyWrapper
 from rollart.env.errors import EnvError
-from rollart.env.group import EnvGroup, LockstepBarrier
+from rollart.env.group import EnvGroup, LockstepBarrier, run_redundant
 from rollart.env.manager import EnvManager, EnvManagerConfig
 from rollart.env.stubs import CountdownStubEnv, ListSink, StubLLMClient
 from rollart.env.trajectory import TrajectoryStatus
@@ -74,3 +74,24 @@ def test_group_rejects_mismatched_seeds(prompts):
     group = EnvGroup(_managers(prompts, [1.0], ListSink()))
     with pytest.raises(EnvError, match="one seed per manager"):
         run_virtual(group.run_batch([0, 1]))
+
+
+def test_redundant_rollouts_keep_the_fastest_and_abort_the_rest_once(prompts):
+    sink = ListSink()
+    managers = _managers(prompts, [1.0, 2.0, 3.0, 50.0, 60.0], sink)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        kept = await run_redundant(managers, target=3, seeds=[0, 1, 2, 3, 4], group_id="g")
+        return kept, loop.time()
+
+    kept, t_return = run_virtual(main())
+    assert [t.env_name for t in kept] == ["m0", "m1", "m2"]
+    assert all(t.status == TrajectoryStatus.FINISHED for t in kept)
+    aborted = [t for t in sink.items if t.status == TrajectoryStatus.ABORTED]
+    assert sorted(t.env_name for t in aborted) == ["m3", "m4"]
+    assert all(t.reason == "cancelled:redundant" for t in aborted)
+    assert len(sink.items) == 5 == len({t.id for t in sink.items})  # every start ended exactly once
+    assert t_return < 3 * (1.0 + 50.0)  # did not wait for the slow environments
+    with pytest.raises(EnvError, match=r"target must be an integer in \[1, 5\], got 6"):
+        run_virtual(run_redundant(managers, target=6, seeds=[0] * 5))
