@@ -210,7 +210,7 @@ def mooncake_fetcher(master: str, metadata: str) -> None:
             elapsed = time.perf_counter() - t0
             assert snap.version == version
             raw = await asyncio.to_thread(raw_get_seconds, channel, snap)
-            del snap
+            snap.release()  # as ModelUpdateGroup does once the loaders copied the weights
             print(elapsed, raw, flush=True)
         await channel.close()
 

@@ -135,3 +135,23 @@ async def test_a_corrupt_stored_bucket_is_refetched_then_refused_never_applied(m
         assert worker.loaded == [1] and group.worker_versions() == (1,)
     finally:
         await channel.close()
+
+
+async def test_released_snapshot_buffers_are_received_into_again(mooncake: MooncakeConfig):
+    channel = await MooncakeChannel.connect(mooncake, model="recycle", keep_last=3, bucket_bytes=4096, timeout=30)
+    try:
+        for v in (1, 2, 3):
+            await channel.publish({"w": torch.full((3000,), float(v)), "i": torch.arange(10) * v}, v).wait(30)
+        kept = await channel.fetch(1, timeout=10)  # never released: its memory must never be reused
+        kept_ptrs = {t.untyped_storage().data_ptr() for t in kept.tensors.values()}
+        first = await channel.fetch(2, timeout=10)
+        first_ptrs = {t.untyped_storage().data_ptr() for t in first.tensors.values()}
+        first.release()
+        second = await channel.fetch(3, timeout=10)
+        second_ptrs = {t.untyped_storage().data_ptr() for t in second.tensors.values()}
+        assert second_ptrs == first_ptrs and not (second_ptrs & kept_ptrs)
+        assert torch.equal(second.tensors["w"], torch.full((3000,), 3.0))
+        assert torch.equal(second.tensors["i"], torch.arange(10) * 3)
+        assert torch.equal(kept.tensors["w"], torch.full((3000,), 1.0))
+    finally:
+        await channel.close()

@@ -111,6 +111,8 @@ class ModelUpdateGroup:
                 *(asyncio.wait_for(self._loaders[i].load_weights(snapshot.tensors, snapshot.version), remaining) for i in targets),
                 return_exceptions=True,
             )
+            if all(not isinstance(r, BaseException) for r in results):
+                snapshot.release()  # every loader copied the weights: the channel may reuse the buffers
             failures = []
             for i, result in zip(targets, results):
                 if isinstance(result, BaseException):

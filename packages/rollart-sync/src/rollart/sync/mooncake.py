@@ -17,10 +17,11 @@ from typing import Any
 import torch
 from rollart.sync.bucket import (
     DEFAULT_BUCKET_BYTES,
+    SUPPORTED_DTYPES,
     Manifest,
     NamedTensors,
     PackedWeights,
-    allocate_buffers,
+    _take_spare,
     pack_buckets,
 )
 from rollart.sync.channel import DEFAULT_TIMEOUT_S, MAX_ATTEMPTS, PublishHandle, WeightSnapshot, fetch_verified
@@ -36,6 +37,24 @@ from rollart.sync.errors import (
 from rollart.sync.versioning import LATEST, MAX_KEEP_LAST, VersionLedger, VersionSpec
 
 MiB = 1024 * 1024
+
+
+def _lazy_fresh(manifest: Manifest, have: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """Fresh buffers only for the buckets without a spare one."""
+    return [
+        torch.empty(b.numel, dtype=SUPPORTED_DTYPES[b.dtype]) if h is None else None for b, h in zip(manifest.buckets, have)
+    ]
+
+
+def _flat_buffers(snapshot: WeightSnapshot) -> list[torch.Tensor]:
+    """The flat bucket buffers behind a snapshot's views (each bucket's tensors share one storage)."""
+    out = []
+    for bucket in snapshot.manifest.buckets:
+        if not bucket.entries or bucket.numel == 0:
+            continue
+        view = snapshot.tensors[bucket.entries[0].name]
+        out.append(torch.empty(0, dtype=view.dtype).set_(view.untyped_storage(), 0, (bucket.numel,)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -109,6 +128,7 @@ class MooncakeChannel:
         self._publish_lock: asyncio.Lock | None = None
         self._inflight: set[asyncio.Task[None]] = set()
         self._spare: list[torch.Tensor] = []  # buffers of the last stored snapshot, reused by the next pack (D11)
+        self._recv_spare: list[torch.Tensor] = []  # buffers of released snapshots, received into again (D12)
         self._closed = False
 
     @classmethod
@@ -223,7 +243,11 @@ class MooncakeChannel:
         if not raw:
             raise VersionNotAvailableError(f"version {version} has no manifest in the store (never published or collected)")
         manifest = Manifest.from_bytes(raw)
-        buffers = allocate_buffers(manifest)
+        spare, self._recv_spare = self._recv_spare, []
+        buffers = [
+            _take_spare(spare, SUPPORTED_DTYPES[b.dtype], b.numel) if spare else None for b in manifest.buckets
+        ]
+        buffers = [buf if buf is not None else fresh for buf, fresh in zip(buffers, _lazy_fresh(manifest, buffers))]
         items = [(self.bucket_key(version, s.index), b) for s, b in zip(manifest.buckets, buffers) if s.nbytes]
         ptrs = [b.data_ptr() for _, b in items]
         sizes = [b.numel() * b.element_size() for _, b in items]
@@ -317,7 +341,14 @@ class MooncakeChannel:
         async def read() -> tuple[Manifest, list[torch.Tensor]]:
             return await asyncio.to_thread(self._read_version, target)
 
-        return await fetch_verified(read, self._max_attempts, deadline)
+        snapshot = await fetch_verified(read, self._max_attempts, deadline)
+        buffers = _flat_buffers(snapshot)
+
+        def recycle() -> None:
+            self._recv_spare = buffers
+
+        snapshot.recycle = recycle
+        return snapshot
 
     async def close(self) -> None:
         """Wait for in-flight publishes and close the store client."""
