@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hmac
 import importlib
 import json
@@ -137,9 +138,15 @@ def create_app(registry: RewardRegistry, config: ServiceConfig) -> FastAPI:
     if len(registry.names()) == 0:
         raise RewardError(f"registry.names() must not be empty, got {registry.names()!r}")
     # <<< generated
-    app = FastAPI(title="rollart reward service", docs_url=None, redoc_url=None, openapi_url=None)
     owner = f"{os.getpid()}:{uuid.uuid4().hex[:8]}"
     cache = ResultCache(config.cache_path, owner)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        cache.close()
+
+    app = FastAPI(title="rollart reward service", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     metrics: Counter[str] = Counter()
     in_flight = {"requests": 0}
     expected = config.token.encode()
@@ -214,10 +221,6 @@ def create_app(registry: RewardRegistry, config: ServiceConfig) -> FastAPI:
             metrics[f"items_{r.status}"] += 1
             metrics["cache_hits"] += int(r.cached)
         return JSONResponse(ScoreResponse(results=list(results)).model_dump(mode="json"))
-
-    @app.on_event("shutdown")
-    async def close_cache() -> None:
-        cache.close()
 
     return app
 
