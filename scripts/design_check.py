@@ -100,18 +100,31 @@ def _annotations_in(lines: list[str], start: int, end: int) -> list[str]:
     return found
 
 
+def _block_end(lines: list[str], node: ast.stmt) -> int:
+    """Last line of a def including trailing comments (ast's end_lineno stops at the last statement)."""
+    end = node.end_lineno
+    for no in range(end + 1, len(lines) + 1):
+        text = lines[no - 1]
+        if not text.strip():
+            continue
+        if len(text) - len(text.lstrip()) <= node.col_offset:
+            break
+        end = no
+    return end
+
+
 def _walk_defs(tree: ast.Module, lines: list[str], module: str, line_offset: int = 0) -> list[Stub]:
     stubs: list[Stub] = []
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             stubs.append(Stub(module, node.name, signature_of(node),
-                              _annotations_in(lines, node.lineno, node.end_lineno), node.lineno + line_offset))
+                              _annotations_in(lines, node.lineno, _block_end(lines, node)), node.lineno + line_offset))
         elif isinstance(node, ast.ClassDef):
             stubs.append(Stub(module, node.name, None, [], node.lineno + line_offset))
             for sub in node.body:
                 if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     stubs.append(Stub(module, f"{node.name}.{sub.name}", signature_of(sub),
-                                      _annotations_in(lines, sub.lineno, sub.end_lineno), sub.lineno + line_offset))
+                                      _annotations_in(lines, sub.lineno, _block_end(lines, sub)), sub.lineno + line_offset))
     return stubs
 
 

@@ -42,7 +42,7 @@ class Pool:
 
     async def expand(self, ranks: list[int]) -> None:
         """Take ranks back."""
-        ...
+        # AST: AST_PRECONDITION(len(ranks) > 0, got=ranks)
 
 def later(x: int) -> int:
     """Built in step 2."""
@@ -76,6 +76,7 @@ class Pool:
         return ranks
 
     async def expand(self, ranks: list[int]) -> None:
+        # AST: AST_PRECONDITION(len(ranks) > 0, got=ranks)
         return None
 '''
 
@@ -110,7 +111,7 @@ def test_a_consistent_package_passes_and_counts(repo):
     report = design_check.check_package("rollart-demo")
     assert report.errors == []
     assert (report.specified, report.present, report.drifted, report.deferred) == (4, 3, 0, 1)
-    assert report.annotations_ok == report.annotations == 2
+    assert report.annotations_ok == report.annotations == 3
     assert [s.status for s in report.steps] == ["DONE", "NOT_STARTED"]
 
 
@@ -153,3 +154,10 @@ def test_an_unknown_status_fails(repo):
 def test_a_wrong_section_structure_fails(repo):
     _edit(repo / "design/rollart-demo.md", "## 4. Data model and state machines", "## 4. Data model")
     assert any("level-2 headings must be exactly" in e for e in _errors(repo))
+
+
+def test_a_trailing_annotation_after_the_docstring_counts(repo):
+    """A stub may end with its annotations (no `...`): they are still required in the code."""
+    _edit(repo / "packages/rollart-demo/src/rollart/demo/pool.py", "# AST: AST_PRECONDITION(len(ranks) > 0, got=ranks)",
+          "# AST: AST_PRECONDITION(len(ranks) > 1, got=ranks)")
+    assert any("Pool.expand: design annotations" in e for e in _errors(repo))
