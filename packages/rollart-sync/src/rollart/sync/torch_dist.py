@@ -20,6 +20,7 @@ from rollart.sync.bucket import (
     NamedTensors,
     PackedWeights,
     allocate_buffers,
+    bucket_checksum,
     pack_buckets,
     unpack_buckets,
     verify_buckets,
@@ -130,6 +131,19 @@ class TorchDistributedChannel:
                     f"version {packed.manifest.version}: receivers reported corrupt buckets on all {attempt} attempts"
                 )
 
+    def _receive_and_verify_overlapped(self, manifest: Manifest, buffers: Sequence[torch.Tensor]) -> bool:
+        """Check each bucket's CRC as soon as it arrived, while the process group receives the next ones."""
+        pending = [
+            (spec, b, self._dist.broadcast(b.view(torch.uint8), self._src, group=self._group, async_op=True))
+            for spec, b in zip(manifest.buckets, buffers)
+            if b.numel() > 0
+        ]
+        ok = True
+        for spec, buffer, work in pending:
+            work.wait()
+            ok = ok and bucket_checksum(buffer) == spec.checksum
+        return ok
+
     def _receive_update(self) -> tuple[Manifest, list[torch.Tensor], int]:
         header = torch.empty(3, dtype=torch.int64, device=self._device)
         self._dist.broadcast(header, self._src, group=self._group)
@@ -143,14 +157,16 @@ class TorchDistributedChannel:
         manifest = Manifest.from_bytes(raw_bytes)
         buffers = allocate_buffers(manifest, self._device)
         for attempt in range(1, self._max_attempts + 1):
-            self._broadcast_buckets(buffers)
-            if self._receive_hook is not None:
+            if self._receive_hook is None:
+                corrupt = not self._receive_and_verify_overlapped(manifest, buffers)
+            else:
+                self._broadcast_buckets(buffers)
                 self._receive_hook(attempt, buffers)
-            try:
-                verify_buckets(manifest, buffers)
-                corrupt = False
-            except ChecksumMismatchError:
-                corrupt = True
+                try:
+                    verify_buckets(manifest, buffers)
+                    corrupt = False
+                except ChecksumMismatchError:
+                    corrupt = True
             if self._vote(corrupt):
                 return manifest, buffers, attempt
         raise ChecksumMismatchError(f"version {version}: buckets corrupt on all {self._max_attempts} attempts; not applied")
