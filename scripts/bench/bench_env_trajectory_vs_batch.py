@@ -133,7 +133,7 @@ def main() -> None:
             str(sigma), f"{res['batch']:.1f}", f"{res['traj']:.1f}", f"{res['batch'] / res['traj']:.2f}x",
             f"{res['async']:.1f}", f"{res['batch'] / res['async']:.2f}x",
         )  # fmt: skip
-    console = Console()
+    console = Console(width=120)
     console.print(table)
     console.print(f"paper (Fig. 12a): 1.23x (sigma=1) .. 2.27x (sigma=10); wall time {time.perf_counter() - wall0:.1f} s")
 
