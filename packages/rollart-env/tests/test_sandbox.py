@@ -27,8 +27,9 @@ async def test_plain_code_runs_and_reports_output(sandbox):
     assert result.network_isolation in ("netns", "audit-hook")
 
 
-async def test_infinite_loop_is_stopped_by_the_cpu_limit(sandbox):
-    result = await sandbox.run("while True:\n    pass")
+async def test_infinite_loop_is_stopped_by_the_cpu_limit():
+    # a wide wall deadline so that even on a loaded CI box the 1 s CPU limit is what ends it
+    result = await PythonSandbox(SandboxLimits(cpu_s=1, wall_s=30.0)).run("while True:\n    pass")
     assert result.status == "cpu_limit"
 
 
