@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from rollart.resource.cluster import Cluster
 from rollart.resource.decorators import hw_mapping, register, register_serverless
 from rollart.resource.errors import ResourceError, UnknownHardwareError

@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 import pytest
+
 from rollart.resource.manager import ResourceManager
 from rollart.resource.testing import RecordingHook
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from rollart.resource.cluster import Cluster
 from rollart.resource.decorators import register
 from rollart.resource.errors import WorkerFailedError

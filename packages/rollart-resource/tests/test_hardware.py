@@ -8,6 +8,7 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from rollart.resource.errors import ResourceError, UnknownHardwareError
 from rollart.resource.hardware import BUILTIN_HARDWARE, HardwareCatalogue, HardwareSpec
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from rollart.resource.errors import ResourceError, TransitionInFlight, UnknownHardwareError
 from rollart.resource.hardware import HardwareCatalogue
 from rollart.resource.ledger import ROLES, Transition, TransitionHook, TransitionVetoed

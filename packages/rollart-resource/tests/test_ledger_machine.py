@@ -12,6 +12,7 @@ import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
 from rollart.resource.cluster import Cluster
 from rollart.resource.decorators import register
 from rollart.resource.errors import ResourceError, WorkerFailedError

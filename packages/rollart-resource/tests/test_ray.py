@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+
 from rollart.resource.cluster import Cluster
 from rollart.resource.decorators import hw_mapping, register
 from rollart.resource.errors import PlacementTimeout, WorkerFailedError

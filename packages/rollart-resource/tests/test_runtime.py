@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from rollart.resource.errors import ResourceError, WorkerDiedError
 from rollart.resource.runtime import LocalRuntime, WorkerContext, WorkerRuntime, bundle_for
 from rollart.resource.worker import Worker

@@ -9,6 +9,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+
 from rollart.resource.cluster import Cluster
 from rollart.resource.decorators import register_serverless
 from rollart.resource.errors import ResourceError, ServerlessError

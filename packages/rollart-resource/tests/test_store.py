@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
+
 from rollart.resource.errors import ResourceError
 from rollart.resource.ledger import DeviceRecord, TransitionVetoed
 from rollart.resource.manager import ResourceManager

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from rollart.env.protocols import GenerationRequest, GenerationResult
 from rollart.env.trajectory import Trajectory, Turn
-
 from rollart.reward.errors import RewardError
 from rollart.reward.judge import LLMJudgeReward, parse_judge_score
 from rollart.reward.protocol import RewardFn, RewardRegistry

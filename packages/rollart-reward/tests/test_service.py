@@ -9,8 +9,8 @@ import sqlite3
 
 import httpx
 import pytest
-from rollart.env.trajectory import Trajectory, Turn
 
+from rollart.env.trajectory import Trajectory, Turn
 from rollart.reward.cache import ResultCache
 from rollart.reward.client import RewardClient
 from rollart.reward.errors import RewardRequestError, RewardTimeoutError
@@ -153,7 +153,6 @@ async def test_register_serverless_installs_a_service_client_on_workers(shared_s
     from rollart.resource.decorators import register_serverless
     from rollart.resource.manager import ResourceManager
     from rollart.resource.worker import Worker
-
     from rollart.reward.serverless import results_from_response, score_payload, serverless_headers, serverless_score_url
 
     url = serverless_score_url(shared_server.url)

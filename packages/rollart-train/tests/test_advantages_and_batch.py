@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+
 from rollart.train.advantages import grpo_advantages
 from rollart.train.batch import TrainSample, build_train_batch
 from rollart.train.errors import TrainError

@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+
 from rollart.train.batch import TrainBatch
 from rollart.train.errors import TrainError
 from rollart.train.losses import (

@@ -74,6 +74,7 @@ def _on_policy(trainer, batch):
 
 def test_megatron_trainer_requires_parallel_state():
     from megatron.core import parallel_state
+
     from rollart.train import MegatronTrainer
 
     if parallel_state.model_parallel_is_initialized():

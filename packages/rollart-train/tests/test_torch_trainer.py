@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 import torch
+
 from rollart.train import (
     LossConfig,
     PolicyTrainer,

@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
+
 from rollart.resource.errors import ResourceError, ServerlessError
 
 __all__ = ["ServerlessClient", "redact_url"]

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import httpx
-from rollart.env.trajectory import Trajectory
 
+from rollart.env.trajectory import Trajectory
 from rollart.reward.errors import RewardError, RewardRequestError, RewardTimeoutError
 from rollart.reward.protocol import RewardResult
 

@@ -15,7 +15,6 @@ from collections.abc import Callable
 
 from rollart.env.protocols import GenerationRequest, LLMClient, SamplingParams
 from rollart.env.trajectory import Trajectory
-
 from rollart.reward.errors import RewardError
 from rollart.reward.protocol import RewardResult
 

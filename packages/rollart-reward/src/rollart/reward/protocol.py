@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
-from rollart.env.trajectory import Trajectory
 
+from rollart.env.trajectory import Trajectory
 from rollart.reward.errors import RewardError
 
 

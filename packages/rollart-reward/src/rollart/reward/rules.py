@@ -13,7 +13,6 @@ import logging
 import re
 
 from rollart.env.trajectory import Trajectory
-
 from rollart.reward.errors import RewardError
 from rollart.reward.protocol import RewardResult
 

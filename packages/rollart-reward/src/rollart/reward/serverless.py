@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from rollart.env.trajectory import Trajectory
-
 from rollart.reward.client import idempotency_key
 from rollart.reward.errors import RewardError
 from rollart.reward.protocol import RewardResult

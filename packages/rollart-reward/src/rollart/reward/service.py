@@ -27,9 +27,9 @@ from typing import Any, Literal
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
-from rollart.env.trajectory import Trajectory
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from rollart.env.trajectory import Trajectory
 from rollart.reward.cache import ResultCache
 from rollart.reward.errors import RewardError
 from rollart.reward.protocol import RewardFn, RewardRegistry

@@ -13,7 +13,6 @@ import asyncio
 import os
 
 from rollart.env.trajectory import Trajectory
-
 from rollart.reward.protocol import RewardRegistry, RewardResult
 from rollart.reward.service import default_registry
 

@@ -8,6 +8,7 @@ over the sequence's policy tokens by the loss.
 from __future__ import annotations
 
 import torch
+
 from rollart.train.errors import TrainError
 
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import torch
+
 from rollart.train.advantages import grpo_advantages
 from rollart.train.errors import TrainError
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from rollart.train.batch import TrainBatch
 from rollart.train.errors import TrainError
 

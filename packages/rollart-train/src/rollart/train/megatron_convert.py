@@ -24,8 +24,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from rollart.train.errors import TrainError
 from transformers import LlamaConfig
+
+from rollart.train.errors import TrainError
 
 if TYPE_CHECKING:
     from megatron.core.transformer.transformer_config import TransformerConfig

@@ -13,6 +13,8 @@ machines and are not wired yet (design doc D7).
 from __future__ import annotations
 
 import torch
+from transformers import LlamaConfig
+
 from rollart.train.errors import TrainError
 from rollart.train.megatron_convert import (
     hf_to_megatron_state_dict,
@@ -22,7 +24,6 @@ from rollart.train.megatron_convert import (
 )
 from rollart.train.megatron_cpu_shims import megatron_cpu_context
 from rollart.train.torch_trainer import TorchTrainer, TrainerConfig
-from transformers import LlamaConfig
 
 try:
     from megatron.core import parallel_state

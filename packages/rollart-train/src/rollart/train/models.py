@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
-from rollart.train.errors import TrainError
 from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig
+
+from rollart.train.errors import TrainError
 
 
 def tiny_llama_config(

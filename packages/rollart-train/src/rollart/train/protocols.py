@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import torch
+
 from rollart.train.batch import TrainBatch
 
 

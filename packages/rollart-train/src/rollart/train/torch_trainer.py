@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
 from rollart.train.batch import TrainBatch
 from rollart.train.errors import TrainError
 from rollart.train.losses import LossConfig, policy_loss, token_log_probs
