@@ -124,6 +124,7 @@ async def local_channel(nbytes: int, repeats: int) -> float:
 def gloo_worker(rank: int, init: str, sizes: list[int], repeats: int) -> None:
     """Child: rank 0 publishes, rank 1 fetches; rank 0 prints best (end-to-end, wire) seconds per size as JSON."""
     import torch.distributed as dist
+
     from rollart.sync.torch_dist import TorchDistributedChannel
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -148,6 +149,7 @@ def gloo_worker(rank: int, init: str, sizes: list[int], repeats: int) -> None:
                 else:
                     snap = await channel.fetch(version, timeout=300)
                     assert snap.version == version
+                    snap.release()  # as ModelUpdateGroup does once the loaders copied the weights
             del model
         await channel.close()
         return best

@@ -1,6 +1,6 @@
 """One rank of the gloo broadcast test, run as a spawned process: `python gloo_worker.py RANK WORLD INIT OUTDIR`.
 
-Rank 0 is the trainer (publishes v1, v2, then v3 once rank 1 has timed out once); the other ranks
+Rank 0 is the trainer (publishes v1, v2, then v3 and v4 once rank 1 has timed out once); the other ranks
 fetch. Rank 2 corrupts its first receive of v2, so every rank must see v2 delivered on attempt 2.
 Each rank saves what it received to OUTDIR/rank<R>.pt for the test to compare bit for bit.
 """
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
 from rollart.sync.errors import SyncTimeoutError
 from rollart.sync.torch_dist import TorchDistributedChannel
 
@@ -56,11 +57,15 @@ async def main(rank: int, out: Path) -> None:
         while not signal.exists() and loop.time() < deadline:  # noqa: ASYNC110 - the signal is a file from another process
             await asyncio.sleep(0.05)
         await channel.publish(weights(3), 3).wait(60)
+        await channel.publish(weights(4), 4).wait(60)
     else:
         snap1 = await channel.fetch(timeout=60)
         snap2 = await channel.fetch(2, timeout=60)
         received[1] = {"tensors": {k: v.clone() for k, v in snap1.tensors.items()}, "attempts": snap1.attempts}
         received[2] = {"tensors": {k: v.clone() for k, v in snap2.tensors.items()}, "attempts": snap2.attempts}
+        v1_storages = {t.untyped_storage().data_ptr() for t in snap1.tensors.values()}
+        snap1.release()  # copied: v1's buffers may be received into once v1 is evicted
+        snap2.release()
         if rank == 1:
             try:
                 await channel.fetch(timeout=0.3)
@@ -69,7 +74,10 @@ async def main(rank: int, out: Path) -> None:
                 received["timeout"] = str(exc)
             (out / "rank1-timed-out").touch()
         snap3 = await channel.fetch(timeout=60)
-        received[3] = {"tensors": dict(snap3.tensors), "attempts": snap3.attempts}
+        received[3] = {"tensors": {k: v.clone() for k, v in snap3.tensors.items()}, "attempts": snap3.attempts}
+        snap4 = await channel.fetch(timeout=60)  # v1 was evicted when v3 arrived: v4 lands in its memory
+        received[4] = {"tensors": dict(snap4.tensors), "attempts": snap4.attempts}
+        received["v4_reused_v1_memory"] = bool(v1_storages & {t.untyped_storage().data_ptr() for t in snap4.tensors.values()})
         received["retained"] = channel.versions
     await channel.close()
     torch.save(received, out / f"rank{rank}.pt")

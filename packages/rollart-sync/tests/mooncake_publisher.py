@@ -12,6 +12,7 @@ import asyncio
 import sys
 
 import torch
+
 from rollart.sync.mooncake import MooncakeChannel, MooncakeConfig
 
 

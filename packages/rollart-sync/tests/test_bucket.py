@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+
 from rollart.sync.bucket import (
     SUPPORTED_DTYPES,
     Manifest,

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 import torch
+
 from rollart.sync.bucket import pack_buckets
 from rollart.sync.channel import PublishHandle, WeightChannel, fetch_verified
 from rollart.sync.errors import (

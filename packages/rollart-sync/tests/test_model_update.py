@@ -10,6 +10,7 @@ import torch
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
 from rollart.sync.errors import StaleVersionError, SyncError, SyncTimeoutError, VersionNotAvailableError
 from rollart.sync.local import LocalChannel
 from rollart.sync.model_update import ModelUpdateGroup, WeightLoader

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from rollart.sync.errors import ChecksumMismatchError, SyncTimeoutError, VersionNotAvailableError
 from rollart.sync.model_update import ModelUpdateGroup
 from rollart.sync.mooncake import MooncakeChannel, MooncakeConfig, mooncake_unavailable_reason

@@ -48,7 +48,7 @@ def test_gloo_broadcast_delivers_identical_tensors(tmp_path: Path):
     weights = _load_weights_fn()
     for rank in range(1, WORLD):
         got = torch.load(tmp_path / f"rank{rank}.pt")
-        for version in (1, 2, 3):
+        for version in (1, 2, 3, 4):
             expected = weights(version)
             tensors = got[version]["tensors"]
             assert sorted(tensors) == sorted(expected)
@@ -58,6 +58,7 @@ def test_gloo_broadcast_delivers_identical_tensors(tmp_path: Path):
                 assert tensors[name].reshape(-1).view(torch.uint8).tolist() == t.reshape(-1).view(torch.uint8).tolist()
         # rank 2 corrupted its first receive of v2: every rank re-received it, none applied the torn copy
         assert got[2]["attempts"] == 2
-        assert got[1]["attempts"] == 1 and got[3]["attempts"] == 1
-        assert got["retained"] == (2, 3)
+        assert got[1]["attempts"] == 1 and got[3]["attempts"] == 1 and got[4]["attempts"] == 1
+        assert got["retained"] == (3, 4)
+        assert got["v4_reused_v1_memory"]  # released and evicted buffers are received into again (D12)
     assert "no broadcast of version 'latest' arrived within 0.3 s" in torch.load(tmp_path / "rank1.pt")["timeout"]

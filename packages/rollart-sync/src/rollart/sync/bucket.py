@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Union
 
 import torch
+
 from rollart.sync.errors import ChecksumMismatchError, SyncValidationError
 
 NamedTensors = Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]]

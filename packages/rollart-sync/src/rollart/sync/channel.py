@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import torch
+
 from rollart.sync.bucket import Manifest, NamedTensors, unpack_buckets, verify_buckets
 from rollart.sync.errors import ChecksumMismatchError, SyncTimeoutError, SyncValidationError
 from rollart.sync.versioning import LATEST, VersionSpec

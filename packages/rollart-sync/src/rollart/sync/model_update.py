@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
+
 from rollart.sync.bucket import NamedTensors
 from rollart.sync.channel import DEFAULT_TIMEOUT_S, PublishHandle, WeightChannel
 from rollart.sync.errors import StaleVersionError, SyncError, SyncTimeoutError, SyncValidationError

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from rollart.sync.bucket import (
     DEFAULT_BUCKET_BYTES,
     SUPPORTED_DTYPES,

@@ -14,11 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
+
 from rollart.sync.bucket import (
     DEFAULT_BUCKET_BYTES,
+    SUPPORTED_DTYPES,
     Manifest,
     NamedTensors,
     PackedWeights,
+    _take_spare,
     allocate_buffers,
     bucket_checksum,
     pack_buckets,
@@ -84,6 +87,9 @@ class TorchDistributedChannel:
         self._published = VersionLedger()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollart-sync-collectives")
         self._spare: list[torch.Tensor] = []  # the source's last broadcast buffers, reused by the next pack (D11)
+        self._recv_spare: list[torch.Tensor] = []  # a receiver's evicted, fully released buffers (D12)
+        self._outstanding: dict[int, int] = {}  # version -> snapshots handed out and not yet released
+        self._evicted_in_use: tuple[int, PackedWeights] | None = None  # evicted while snapshots were out
         self._pending: asyncio.Future[tuple[Manifest, list[torch.Tensor], int]] | None = None
         self._closed = False
 
@@ -144,7 +150,7 @@ class TorchDistributedChannel:
             ok = ok and bucket_checksum(buffer) == spec.checksum
         return ok
 
-    def _receive_update(self) -> tuple[Manifest, list[torch.Tensor], int]:
+    def _receive_update(self, spare: list[torch.Tensor]) -> tuple[Manifest, list[torch.Tensor], int]:
         header = torch.empty(3, dtype=torch.int64, device=self._device)
         self._dist.broadcast(header, self._src, group=self._group)
         version, length, crc = (int(x) for x in header.cpu().tolist())
@@ -156,6 +162,11 @@ class TorchDistributedChannel:
             raise ChecksumMismatchError(f"version {version}: manifest checksum mismatch; the process group must be rebuilt")
         manifest = Manifest.from_bytes(raw_bytes)
         buffers = allocate_buffers(manifest, self._device)
+        if spare and self._device == "cpu":
+            for i, b in enumerate(manifest.buckets):
+                reused = _take_spare(spare, SUPPORTED_DTYPES[b.dtype], b.numel)
+                if reused is not None:
+                    buffers[i] = reused
         for attempt in range(1, self._max_attempts + 1):
             if self._receive_hook is None:
                 corrupt = not self._receive_and_verify_overlapped(manifest, buffers)
@@ -216,14 +227,15 @@ class TorchDistributedChannel:
         if version != LATEST and self._retained.get(version) is not None:
             packed = self._retained.get(version)
             assert packed is not None
-            return WeightSnapshot(version, packed.manifest, unpack_buckets(packed.manifest, packed.buffers))
+            return self._snapshot(packed, 1)
         if self.is_source:
             raise VersionNotAvailableError(f"the source rank {self._rank} publishes and retains nothing to fetch (D11)")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
             if self._pending is None:
-                self._pending = loop.run_in_executor(self._executor, self._receive_update)
+                spare, self._recv_spare = self._recv_spare, []
+                self._pending = loop.run_in_executor(self._executor, self._receive_update, spare)
             remaining = deadline - loop.time()
             try:
                 manifest, buffers, attempts = await asyncio.wait_for(asyncio.shield(self._pending), max(remaining, 0))
@@ -233,12 +245,42 @@ class TorchDistributedChannel:
                 if self._pending is not None and self._pending.done():
                     self._pending = None
             received = manifest.version
+            packed = PackedWeights(manifest, tuple(buffers))
             if self._retained.latest is None or received > self._retained.latest:
-                self._retained.add(PackedWeights(manifest, tuple(buffers)))
+                self._retain(packed)
             if version == LATEST or received == version:
-                return WeightSnapshot(received, manifest, unpack_buckets(manifest, buffers), attempts)
+                return self._snapshot(packed, attempts)
             if received > version:
                 raise VersionNotAvailableError(f"version {version} was skipped: the next broadcast carried {received}")
+
+    def _retain(self, packed: PackedWeights) -> None:
+        """Retain a received version; recycle an evicted one's buffers once no snapshot of it is out (D12)."""
+        before = {v: self._retained.get(v) for v in self._retained.versions}
+        for old in self._retained.add(packed):
+            old_packed = before[old]
+            if old_packed is None:
+                continue
+            if self._outstanding.get(old, 0) == 0:
+                self._outstanding.pop(old, None)
+                self._recv_spare = list(old_packed.buffers)
+            else:
+                self._evicted_in_use = (old, old_packed)  # at most one is remembered: bounded memory
+
+    def _snapshot(self, packed: PackedWeights, attempts: int) -> WeightSnapshot:
+        version = packed.manifest.version
+        self._outstanding[version] = self._outstanding.get(version, 0) + 1
+
+        def recycle() -> None:
+            left = self._outstanding.get(version, 1) - 1
+            self._outstanding[version] = left
+            if left == 0 and self._evicted_in_use is not None and self._evicted_in_use[0] == version:
+                self._recv_spare = list(self._evicted_in_use[1].buffers)
+                self._evicted_in_use = None
+                self._outstanding.pop(version, None)
+
+        snapshot = WeightSnapshot(version, packed.manifest, unpack_buckets(packed.manifest, packed.buffers), attempts)
+        snapshot.recycle = recycle
+        return snapshot
 
     async def close(self) -> None:
         """Stop the collective thread (a collective in flight ends with the process group's timeout)."""
