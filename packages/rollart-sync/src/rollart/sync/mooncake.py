@@ -352,10 +352,15 @@ class MooncakeChannel:
         return snapshot
 
     async def close(self) -> None:
-        """Wait for in-flight publishes and close the store client."""
+        """Wait (up to DEFAULT_TIMEOUT_S) for in-flight publishes, then close the store client."""
         if self._closed:
             return
         self._closed = True
         if self._inflight:
-            await asyncio.gather(*self._inflight, return_exceptions=True)
-        await asyncio.to_thread(self._store.close)
+            _done, late = await asyncio.wait(self._inflight, timeout=DEFAULT_TIMEOUT_S)
+            for task in late:
+                task.cancel()  # the store call in its thread ends with the store's own RPC timeout
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self._store.close), DEFAULT_TIMEOUT_S)
+        except asyncio.TimeoutError as exc:
+            raise SyncTimeoutError(f"closing the Mooncake store client took over {DEFAULT_TIMEOUT_S} s") from exc
