@@ -262,11 +262,15 @@ async def mooncake_channel(sizes: list[int], repeats: int) -> dict[int, dict[str
             del model
         await channel.close()
     finally:
-        if child.stdin:
-            child.stdin.close()
-        await asyncio.to_thread(child.wait, 60)
-        stderr_log.close()
-        await services.stop()
+        try:
+            if child.stdin:
+                child.stdin.close()  # may raise BrokenPipeError when the fetcher died
+            await asyncio.to_thread(child.wait, 60)
+        except (OSError, subprocess.TimeoutExpired):
+            child.kill()
+        finally:
+            stderr_log.close()
+            await services.stop()
     return results
 
 
