@@ -7,6 +7,7 @@ from functools import partial
 
 import pytest
 import torch
+
 from rollart.proxy.errors import ProxyError, ProxyTimeoutError
 from rollart.proxy.proxy import LLMProxy
 from rollart.proxy.sim_engine import QWEN3_8B, SimEngine, lookup_hardware

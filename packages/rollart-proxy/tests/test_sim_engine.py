@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from rollart.proxy.errors import ProxyError
 from rollart.proxy.sim_engine import QWEN3_8B, RooflineModel, SimEngine, lookup_hardware
 from rollart.proxy.testing import VirtualLoop

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from rollart.proxy.errors import ProxyError
 from rollart.proxy.testing import prompts_of_mixed_lengths
 from rollart.proxy.torch_engine import TorchEngine

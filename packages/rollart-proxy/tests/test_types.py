@@ -24,8 +24,9 @@ def test_response_versions_are_distinct_in_order():
 
 
 def test_tiny_model_factory_builds_tokenizer_with_chat_template(tiny_model_path):
-    from rollart.proxy.testing import TINY_LLAMA_CONFIG, TINY_VOCAB_SIZE
     from transformers import AutoConfig, AutoTokenizer
+
+    from rollart.proxy.testing import TINY_LLAMA_CONFIG, TINY_VOCAB_SIZE
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path)
     text = tok.apply_chat_template([{"role": "user", "content": "move left"}], tokenize=False, add_generation_prompt=True)

@@ -6,6 +6,7 @@ import asyncio
 from functools import partial
 
 import pytest
+
 from rollart.proxy.errors import ProxyError, ProxyTimeoutError
 from rollart.proxy.sim_engine import QWEN3_8B, SimEngine, lookup_hardware
 from rollart.proxy.testing import VirtualLoop, prompts_of_mixed_lengths

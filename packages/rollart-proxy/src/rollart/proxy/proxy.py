@@ -252,7 +252,8 @@ class LLMProxy:
             incarnation = slot.incarnation
             track.worker_ids.append(slot.handle.worker_id)
             try:
-                output = await asyncio.wait_for(slot.handle.submit(track.engine_request), deadline - loop.time())
+                pending = slot.handle.submit(track.engine_request)  # queued now, while the slot is active
+                output = await asyncio.wait_for(pending, deadline - loop.time())
             except asyncio.TimeoutError as exc:
                 await self._abort_on(slot, track.engine_request.request_id)
                 raise ProxyTimeoutError(
@@ -372,13 +373,22 @@ class LLMProxy:
     async def suspend(self) -> None:
         """Pause generation for a weight update: new requests wait, running ones pause in place."""
         self._resumed.clear()
-        await asyncio.gather(*(s.handle.suspend() for s in self._slots if s.state in (ACTIVE, OFFLOADED)))
+        await self._broadcast("suspend")
 
     async def resume(self) -> None:
         """Continue after ``suspend``; paused requests continue (their KV recomputed if weights changed)."""
-        await asyncio.gather(*(s.handle.resume() for s in self._slots if s.state in (ACTIVE, OFFLOADED)))
+        await self._broadcast("resume")
         self._resumed.set()
         self._notify()
+
+    async def _broadcast(self, method: str) -> None:
+        """Call suspend/resume on every worker that is not removed; a worker that failed meanwhile
+        is skipped (its restart applies the proxy's current suspension state)."""
+        slots = [s for s in self._slots if s.state != REMOVED]
+        results = await asyncio.gather(*(getattr(s.handle, method)() for s in slots), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, WorkerFailedError):
+                raise result
 
     async def update_weights(self, source: WeightSource | Mapping[str, torch.Tensor], version: int) -> None:
         """Push ``version`` to every active worker; offloaded ones get it on expand."""
@@ -496,6 +506,8 @@ class LLMProxy:
                     if not self._resumed.is_set():
                         await slot.handle.suspend()
                     slot.state = ACTIVE
+                    if self._resumed.is_set():  # a resume() that ran during the restart skipped this slot
+                        await slot.handle.resume()
                     self._emit("worker_restarted", rank=slot.rank)
                     self._notify()
                     return

@@ -8,6 +8,7 @@ compares them with its own forward pass, which knows nothing of the sampling kno
 from __future__ import annotations
 
 import torch
+
 from rollart.proxy.types import SamplingParams
 
 

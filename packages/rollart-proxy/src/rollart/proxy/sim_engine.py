@@ -205,8 +205,8 @@ class SimEngine:
         """Whether weights are off the device."""
         return self._offloaded
 
-    def inject_fault(self, after_steps: int = 0) -> None:
-        """Make the step after ``after_steps`` more steps raise (tests of worker failure)."""
+    def inject_fault(self, after_steps: int | None = 0) -> None:
+        """Make the step after ``after_steps`` more steps raise (tests of worker failure); None disarms."""
         self._fault_in_steps = after_steps
 
     def add_request(self, request: EngineRequest) -> None:

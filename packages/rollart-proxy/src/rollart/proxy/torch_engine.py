@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
+
 from rollart.proxy.errors import ProxyError
 from rollart.proxy.sampling import sample_next
 from rollart.proxy.types import (

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -165,10 +165,19 @@ class InferenceWorker:
 
     def add_request(self, request: EngineRequest, callback: OutputCallback) -> None:
         """Enqueue ADD: ``callback`` fires once with the request's final or handed-back output."""
+        if self._task is None:  # stopped: nobody would ever answer, so hand it back at once
+            self._adds_refused += 1
+            callback(EngineOutput(request.request_id, request.generated_ids, request.generated_logprobs,
+                                  request.generated_versions, FINISH_WORKER_FAILED))
+            return
         self._queue.put_nowait(Command(CommandKind.ADD, _Pending(request, callback)))
 
-    async def submit(self, request: EngineRequest) -> EngineOutput:
-        """Add a request and wait for its output (finished, aborted, migrated or worker_failed)."""
+    def submit(self, request: EngineRequest) -> asyncio.Future[EngineOutput]:
+        """Enqueue ADD now and return a future of the output (finished, aborted, migrated or worker_failed).
+
+        Not a coroutine on purpose: the ADD is queued at the moment the proxy routes, so a shrink
+        that starts afterwards always finds it (its EVICT is queued behind the ADD).
+        """
         future: asyncio.Future[EngineOutput] = asyncio.get_running_loop().create_future()
 
         def deliver(output: EngineOutput) -> None:
@@ -176,7 +185,7 @@ class InferenceWorker:
                 future.set_result(output)
 
         self.add_request(request, deliver)
-        return await future
+        return future
 
     async def _command(self, kind: CommandKind, payload: Any = None) -> Any:
         if self._state in (WorkerState.STOPPED,) or self._task is None:
@@ -378,8 +387,8 @@ class WorkerHandle(Protocol):
     hardware: str
     devices: tuple[int, ...]
 
-    async def submit(self, request: EngineRequest) -> EngineOutput:
-        """Add a request and wait for its output."""
+    def submit(self, request: EngineRequest) -> Awaitable[EngineOutput]:
+        """Queue a request now; await the result for its output."""
         ...
 
     async def abort(self, request_id: str) -> bool:
