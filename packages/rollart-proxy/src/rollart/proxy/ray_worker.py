@@ -1,0 +1,165 @@
+"""Inference workers as Ray async actors, behind the same ``WorkerHandle`` protocol as in-process.
+
+The actor holds an ordinary ``InferenceWorker`` (same loop, same engine code); the handle forwards
+calls and turns Ray's failures into the proxy's vocabulary: a dead actor is a
+``WorkerFailedError`` (the proxy restarts or removes it), a call past its deadline a
+``ProxyTimeoutError``. ``restart`` asks the actor to rebuild its engine, and if the actor itself is
+dead creates a new one with the same options, so it lands on the same placement-group bundle
+(``scheduling_strategy``) or the same custom hardware resource. Ray is imported lazily.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from rollart.proxy.engine import Engine
+from rollart.proxy.errors import ProxyError, ProxyTimeoutError, WorkerFailedError
+from rollart.proxy.types import EngineOutput, EngineRequest
+from rollart.proxy.worker import InferenceWorker, WorkerStats
+
+if TYPE_CHECKING:
+    import torch
+
+
+class InferenceWorkerActor:
+    """The body of the Ray actor: an ``InferenceWorker`` whose methods Ray calls concurrently."""
+
+    def __init__(self, worker_id: str, engine_factory: Callable[[], Engine], hardware: str,
+                 devices: tuple[int, ...], command_timeout_s: float) -> None:
+        """Build the worker (the engine is built by ``start``)."""
+        self.worker = InferenceWorker(worker_id, engine_factory, hardware=hardware, devices=devices,
+                                      command_timeout_s=command_timeout_s)
+
+    async def start(self) -> None:
+        """Build the engine and start the loop inside the actor's event loop."""
+        await self.worker.start()
+
+    async def call(self, method: str, *args: Any) -> Any:
+        """Forward one ``InferenceWorker`` method (submit, abort, evict, ...)."""
+        result = getattr(self.worker, method)(*args)
+        if asyncio.isfuture(result) or asyncio.iscoroutine(result):
+            return await result
+        return result
+
+
+class RayWorkerHandle:
+    """A ``WorkerHandle`` for a worker inside a Ray async actor."""
+
+    def __init__(self, actor: Any, worker_id: str, hardware: str, devices: tuple[int, ...],
+                 make_actor: Callable[[], Any], command_timeout_s: float) -> None:
+        """Use ``RayWorkerHandle.create``; this wraps an actor that is already started."""
+        self._actor = actor
+        self.worker_id = worker_id
+        self.hardware = hardware
+        self.devices = tuple(devices)
+        self._make_actor = make_actor
+        self._timeout = command_timeout_s
+
+    @classmethod
+    async def create(cls, worker_id: str, engine_factory: Callable[[], Engine], *, hardware: str = "default",
+                     devices: tuple[int, ...] = (), actor_options: Mapping[str, Any] | None = None,
+                     command_timeout_s: float = 120.0) -> RayWorkerHandle:
+        """Start an actor (``actor_options``: num_cpus, resources, scheduling_strategy, ...) and its loop."""
+        import ray
+
+        # VAL: VAL_TIMEOUT(command_timeout_s, exc=ProxyError)
+        # >>> generated VAL_TIMEOUT #138a1fc66e (edit the annotation, not this block)
+        if isinstance(command_timeout_s, bool) or not isinstance(command_timeout_s, (int, float)) or not (command_timeout_s - command_timeout_s == 0) or not command_timeout_s > 0:
+            raise ProxyError(f"command_timeout_s must be a finite timeout > 0 seconds, got {command_timeout_s!r}")
+        # <<< generated
+        options = {"num_cpus": 1, "max_concurrency": 1000, **dict(actor_options or {})}
+        remote_cls = ray.remote(InferenceWorkerActor)
+
+        def make_actor() -> Any:
+            return remote_cls.options(**options).remote(worker_id, engine_factory, hardware, tuple(devices), command_timeout_s)
+
+        handle = cls(make_actor(), worker_id, hardware, tuple(devices), make_actor, command_timeout_s)
+        await handle._remote("start", timeout=command_timeout_s)
+        return handle
+
+    async def _await(self, ref: Any, timeout: float | None, what: str) -> Any:
+        import ray
+
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout)
+        except asyncio.TimeoutError as exc:
+            raise ProxyTimeoutError(f"ray worker {self.worker_id}: {what} not done within {timeout} s") from exc
+        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
+            raise WorkerFailedError(f"ray worker {self.worker_id} died during {what}: {exc}") from exc
+
+    async def _remote(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        if method == "start":
+            ref = self._actor.start.remote()
+        else:
+            ref = self._actor.call.remote(method, *args)
+        return await self._await(ref, self._timeout if timeout is None else timeout, method)
+
+    def submit(self, request: EngineRequest) -> Awaitable[EngineOutput]:
+        """Send ADD now (Ray keeps one caller's calls in order); await for the output (no deadline here:
+        the proxy's request deadline wraps it)."""
+        ref = self._actor.call.remote("submit", request)
+        return asyncio.ensure_future(self._await(ref, None, "submit"))
+
+    async def abort(self, request_id: str) -> bool:
+        """Abort one request."""
+        return await self._remote("abort", request_id)
+
+    async def evict(self, request_ids: list[str] | None = None) -> list[str]:
+        """Hand requests back as migrated."""
+        return await self._remote("evict", request_ids)
+
+    async def suspend(self) -> None:
+        """Stop stepping."""
+        await self._remote("suspend")
+
+    async def resume(self) -> None:
+        """Step again."""
+        await self._remote("resume")
+
+    async def offload(self) -> None:
+        """Offload weights after handing requests back."""
+        await self._remote("offload")
+
+    async def reload(self) -> None:
+        """Reload weights."""
+        await self._remote("reload")
+
+    async def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        """Ship named tensors to the actor and load them as ``version``."""
+        await self._remote("load_weights", dict(weights), version)
+
+    async def stats(self) -> WorkerStats:
+        """The worker's stats snapshot."""
+        return await self._remote("stats")
+
+    async def restart(self) -> None:
+        """Rebuild the engine in the actor; if the actor is dead, replace it (same options, same device)."""
+        import ray
+
+        try:
+            await self._remote("restart")
+        except WorkerFailedError:
+            try:
+                ray.kill(self._actor, no_restart=True)
+            except Exception:  # already gone
+                pass
+            self._actor = self._make_actor()
+            await self._remote("start")
+
+    async def stop(self) -> None:
+        """Stop the worker and end the actor."""
+        import ray
+
+        try:
+            await self._remote("stop")
+        except (WorkerFailedError, ProxyTimeoutError):
+            pass
+        ray.kill(self._actor, no_restart=True)
+
+    def kill(self) -> None:
+        """End the actor abruptly, as a crash would (for failure tests)."""
+        import ray
+
+        ray.kill(self._actor, no_restart=True)
