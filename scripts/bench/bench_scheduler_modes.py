@@ -20,6 +20,7 @@ from statistics import mean
 
 from rich.console import Console
 from rich.table import Table
+
 from rollart.scheduler.builder import build_pipeline
 from rollart.scheduler.config import parse_config
 

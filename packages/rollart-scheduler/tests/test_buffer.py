@@ -9,6 +9,7 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
 from rollart.env.trajectory import Trajectory, TrajectoryStatus, Turn
 from rollart.scheduler.buffer import ABORTED, BUFFERED, CONSUMED, SampleBuffer, oldest_version
 from rollart.scheduler.errors import SchedulerError, SchedulerTimeout

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from typer.testing import CliRunner
+
 from rollart.scheduler.cli import app
 from rollart.scheduler.metrics import read_metrics
-from typer.testing import CliRunner
 
 CONFIG = """
 run: {name: cli, iterations: 2, tensorboard: false}

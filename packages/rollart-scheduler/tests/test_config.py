@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from rollart.scheduler.config import load_config, parse_config
 from rollart.scheduler.errors import ConfigError
 

@@ -4,6 +4,7 @@ raise the mean reward by a real margin, not merely run."""
 from __future__ import annotations
 
 import pytest
+
 from rollart.scheduler.builder import build_pipeline
 from rollart.scheduler.config import parse_config
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from rollart.scheduler.checkpoint import Checkpointer
 from rollart.scheduler.errors import SchedulerError
 from rollart.scheduler.metrics import MetricsWriter, RoleTimeline, read_metrics

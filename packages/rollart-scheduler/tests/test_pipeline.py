@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+
 from rollart.scheduler.builder import build_pipeline
 from rollart.scheduler.config import parse_config
 from rollart.scheduler.metrics import REQUIRED_KEYS, read_metrics

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from rollart.scheduler.builder import build_pipeline
 from rollart.scheduler.config import parse_config
 

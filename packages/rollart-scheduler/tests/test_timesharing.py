@@ -9,6 +9,7 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
 from rollart.scheduler.errors import SchedulerError
 from rollart.scheduler.timesharing import (
     AlwaysShrinkPolicy,

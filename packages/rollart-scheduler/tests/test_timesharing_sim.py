@@ -11,6 +11,7 @@ import asyncio
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
 from rollart.proxy.proxy import LLMProxy
 from rollart.proxy.sim_engine import QWEN3_8B, SimEngine, lookup_hardware
 from rollart.proxy.types import GenerateRequest, SamplingParams

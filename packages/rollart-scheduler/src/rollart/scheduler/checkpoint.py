@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from rollart.scheduler.errors import SchedulerError
 
 _PREFIX = "ckpt-"

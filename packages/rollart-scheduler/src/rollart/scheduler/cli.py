@@ -15,6 +15,7 @@ from typing import Any
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 from rollart.scheduler.config import RunConfig, load_config
 from rollart.scheduler.errors import ConfigError, SchedulerError
 from rollart.scheduler.timeline import plot_timeline

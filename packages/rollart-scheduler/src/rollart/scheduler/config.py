@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
 from rollart.scheduler.errors import ConfigError
 
 MODES = ("sync", "one_off", "async", "time_sharing")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
 from rollart.scheduler.cli import default_run_dir, init_ray, run_pipeline
 from rollart.scheduler.config import RunConfig, load_config
 

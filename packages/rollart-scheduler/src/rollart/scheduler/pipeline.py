@@ -1,12 +1,13 @@
 """The training loop in one of four modes on one config switch (design D5).
 
-    sync          get_batch -> [pause + abort the redundant rest] -> train_step -> suspend -> model_update -> resume
-    one_off       get_batch -> suspend -> model_update -> resume (abort all in flight) -> train_step  (rollout overlaps)
-    async         get_batch -> suspend -> model_update -> resume (abort only out-of-bound) -> train_step  (rollout overlaps)
-    time_sharing  async, with train_step wrapped in shrink -> train -> expand by the TimeSharingController
+Every mode runs the cycle get_batch -> train_step -> suspend -> model_update -> resume (the issue's
+get_batch -> suspend -> model_update -> resume -> train_step, with the update moved to right after
+the step that produced the weights, design D12):
 
-In the overlapping modes the rollout tasks keep generating while `train_step` runs in a worker
-thread; the model update at the start of the next iteration publishes the weights it produced.
+    sync          rollout paused and the redundant rest aborted while training (colocated, serial)
+    one_off       rollout keeps generating with the old weights during training; resume aborts all in flight
+    async         rollout keeps generating during training; resume aborts only out-of-bound trajectories
+    time_sharing  async, with train_step wrapped in shrink -> train -> expand by the TimeSharingController
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ class Pipeline:
 
     # ---------------------------------------------------------------- the loop
     async def step(self) -> dict[str, Any]:
-        """One iteration: get_batch -> suspend -> model_update -> resume -> train_step (+ shrink/expand)."""
+        """One iteration: get_batch -> train_step (+ shrink/expand) -> suspend -> model_update -> resume."""
         p, cfg, mode = self.parts, self.cfg, self.cfg.mode
         loop = asyncio.get_running_loop()
         t0 = loop.time()
@@ -124,32 +125,26 @@ class Pipeline:
             p.rollout.pause_launches()
             await p.rollout.abort_inflight("sync: batch full, redundant rollouts aborted")
             self._roles(p.rollout_devices, "train")
-            t_train0 = loop.time()
-            train_metrics = await self._train(batch)
-            train_s = loop.time() - t_train0
-            self._roles(p.rollout_devices, "transfer")
-            await p.rollout.suspend(cfg.update_timeout_s)
-            update_s = await self._update(p.trainer.version)
-            p.buffer.set_version(p.trainer.version)
-            await p.rollout.resume(p.trainer.version)
-            p.rollout.resume_launches()
-            self._roles(p.rollout_devices, "rollout")
         else:
-            self._roles(p.rollout_devices, "transfer")
-            await p.rollout.suspend(cfg.update_timeout_s)
-            update_s = await self._update(version0)
-            p.buffer.set_version(version0 + 1)  # the next batch is trained at version0 + 1
-            await p.rollout.resume(version0)
-            self._roles(p.rollout_devices, "rollout")
             self._roles(p.train_devices, "train")
-            t_train0 = loop.time()
-            if mode == "time_sharing" and p.controller is not None:
-                train_metrics, record = await p.controller.train_with_lending(lambda: self._train(batch),
-                                                                             timeout_s=cfg.get_batch_timeout_s)
-            else:
-                train_metrics = await self._train(batch)
-            train_s = loop.time() - t_train0
+        t_train0 = loop.time()
+        if mode == "time_sharing" and p.controller is not None:
+            train_metrics, record = await p.controller.train_with_lending(lambda: self._train(batch),
+                                                                         timeout_s=cfg.get_batch_timeout_s)
+        else:
+            train_metrics = await self._train(batch)
+        train_s = loop.time() - t_train0
+        if mode != "sync":
             self._roles(p.train_devices, "idle")
+        # model update right after the step: in-flight trajectories continue one version fresher
+        self._roles(p.rollout_devices, "transfer")
+        await p.rollout.suspend(cfg.update_timeout_s)
+        update_s = await self._update(p.trainer.version)
+        p.buffer.set_version(p.trainer.version)
+        await p.rollout.resume(p.trainer.version)
+        if mode == "sync":
+            p.rollout.resume_launches()
+        self._roles(p.rollout_devices, "rollout")
         step_s = loop.time() - t0
         self.iteration += 1
         rewards = [float(t.reward or 0.0) for t in batch]
@@ -170,7 +165,7 @@ class Pipeline:
             "tokens_per_s": (self._tokens - tokens0) / step_s if step_s > 0 else 0.0,
             "trajectories": len(batch),
             "aborted": aborted_total - self._seen_aborted,
-            "staleness_max": max(version0 - oldest_version(t) for t in batch),
+            "staleness_max": max(version0 - oldest_version(t) for t in batch),  # trained at version0
             "switch_cost_s": record.switch_cost_s,
             "lent_devices": len(record.devices),
             "loss": train_metrics.get("loss", float("nan")),
