@@ -2,7 +2,7 @@
 
 Other packages may reuse the factory through the scheduler, or copy ``TINY_LLAMA_CONFIG`` (the
 train package may not import ``rollart.proxy``): the model is a 2-layer Llama with hidden size 64
-and a byte-level BPE vocabulary of ``TINY_VOCAB_SIZE`` tokens, randomly initialised from a fixed
+(2 heads of dim 32: vLLM's CPU attention has no kernel for head_dim 16) and a byte-level BPE vocabulary of ``TINY_VOCAB_SIZE`` tokens, randomly initialised from a fixed
 seed, in float32. ``initializer_range`` is large on purpose: a near-uniform random model has
 near-ties between logits, and greedy equivalence tests need clear winners.
 
@@ -26,8 +26,8 @@ TINY_LLAMA_CONFIG: dict[str, Any] = {
     "hidden_size": 64,
     "intermediate_size": 128,
     "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
     "max_position_embeddings": 512,
     "initializer_range": 0.5,
     "rms_norm_eps": 1e-6,
