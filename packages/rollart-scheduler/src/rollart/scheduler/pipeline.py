@@ -226,6 +226,10 @@ class Pipeline:
     async def close(self) -> None:
         """Stop the rollout, close the writers and whatever the builder registered."""
         await self.parts.rollout.stop(timeout_s=30.0)
+        try:  # no engine step may be running in a thread while the workers stop
+            await self.parts.rollout.suspend(10.0)
+        except Exception:  # noqa: BLE001 - closing must go on
+            pass
         if self.parts.timeline is not None:
             self.parts.timeline.close()
         if self.parts.metrics is not None:
