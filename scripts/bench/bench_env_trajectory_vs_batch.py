@@ -23,6 +23,7 @@ import time
 
 from rich.console import Console
 from rich.table import Table
+
 from rollart.env.envs.latency import LatencyDistribution, LatencyWrapper
 from rollart.env.envs.math_calc import MathCalcEnv
 from rollart.env.group import EnvGroup

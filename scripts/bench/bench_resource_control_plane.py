@@ -29,6 +29,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
 from rollart.resource.cluster import Cluster
 from rollart.resource.manager import ResourceManager
 from rollart.resource.store import SqliteMetadataStore
@@ -131,6 +132,7 @@ async def run(args: argparse.Namespace) -> list[tuple]:
     if not args.no_ray:
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
+
         from rollart.resource.runtime import RayRuntime
 
         ray.init(num_cpus=4, num_gpus=8, resources={"H800": 4.0, "H20": 4.0}, _node_ip_address="127.0.0.1",
@@ -155,6 +157,7 @@ async def run(args: argparse.Namespace) -> list[tuple]:
 
             async def plain_pg_and_actor(i: int) -> None:
                 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
                 from rollart.resource.runtime import WorkerContext
 
                 pg = placement_group([{"GPU": 1.0, "H20": 1.0}], strategy="STRICT_PACK")

@@ -25,6 +25,7 @@ import uuid
 import httpx
 from rich.console import Console
 from rich.table import Table
+
 from rollart.env.trajectory import Trajectory, Turn
 from rollart.reward.client import RewardClient
 from rollart.reward.rules import MathAnswerReward

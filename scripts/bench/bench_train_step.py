@@ -24,6 +24,7 @@ import warnings
 import torch
 from rich.console import Console
 from rich.table import Table
+
 from rollart.train import (
     LossConfig,
     TorchTrainer,
@@ -85,6 +86,7 @@ def _megatron_trainer(hf_config, model, config):
         warnings.filterwarnings("ignore")
         import torch.distributed as dist
         from megatron.core import parallel_state
+
         from rollart.train import MegatronTrainer
     except ImportError:
         return None

@@ -82,7 +82,7 @@ async def call_with_retries(
         attempt += 1
         try:
             return await asyncio.wait_for(fn(), timeout=policy.timeout_s)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             err: BaseException = EnvTimeoutError(f"call timed out after {policy.timeout_s} s (attempt {attempt})")
             err.__cause__ = exc
             retryable = retry_on_timeout

@@ -191,7 +191,7 @@ class RayRuntime:
         pg = placement_group([bundle], strategy="STRICT_PACK")
         try:
             await _await_ref(pg.ready(), deadline - loop.time())
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             remove_placement_group(pg)
             raise PlacementTimeout(
                 f"placement group for worker {context.owner}/{context.rank} with bundle {bundle} was not ready "
@@ -210,7 +210,7 @@ class RayRuntime:
 
         try:
             await _await_ref(handle.actor.rollart_ping.remote(), remaining)
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             raise PlacementTimeout(f"worker {handle.context.owner}/{handle.context.rank} did not start within "
                                    f"timeout={timeout}s") from None
         except ray.exceptions.RayActorError as exc:

@@ -104,7 +104,7 @@ class ServerlessClient:
         for attempt in range(1, attempts + 1):
             try:
                 response = await asyncio.wait_for(client.post(self.url, json=payload), self.timeout)
-            except (asyncio.TimeoutError, TimeoutError, httpx.TimeoutException) as exc:
+            except (TimeoutError, httpx.TimeoutException) as exc:
                 last = f"attempt timed out after timeout={self.timeout}s ({type(exc).__name__})"
             except httpx.TransportError as exc:
                 last = f"{type(exc).__name__}: {exc}"

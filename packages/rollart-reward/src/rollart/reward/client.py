@@ -104,7 +104,7 @@ class RewardClient:
                 )
             try:
                 results = await self._post(reward, pending, remaining)
-            except (httpx.TransportError, asyncio.TimeoutError, _Retryable) as exc:
+            except (TimeoutError, httpx.TransportError, _Retryable) as exc:
                 last_problem = f"{type(exc).__name__}: {exc}"
             else:
                 for item in results:

@@ -250,7 +250,7 @@ async def score_item(fn: RewardFn, cache: ResultCache, item: ScoreItem, timeout_
         await asyncio.sleep(0.05)
     try:
         result = await asyncio.wait_for(fn.score(item.trajectory), timeout=max(1e-3, deadline - loop.time()))
-    except asyncio.TimeoutError:
+    except TimeoutError:
         await asyncio.to_thread(cache.release, item.key)
         return ItemResult(key=item.key, status="timeout", error=f"reward did not finish within {timeout_s:.3g} s")
     except Exception as exc:

@@ -243,7 +243,7 @@ class SampleBuffer:
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), timeout=remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         # AST: AST_POSTCONDITION(len(batch) == n, got=len(batch), msg="batch refilled to exactly n", exc=SchedulerError)
         # >>> generated AST_POSTCONDITION #023fdd8c4e (edit the annotation, not this block)

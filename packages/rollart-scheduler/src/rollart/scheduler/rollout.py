@@ -107,7 +107,7 @@ class RolloutScheduler:
         # <<< generated
         try:
             await asyncio.wait_for(self.control.suspend(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise SchedulerTimeout(f"suspend of the rollout did not finish within {timeout_s}s") from None
 
     async def _abort(self, managers: list[EnvManager], reason: str) -> list[str]:

@@ -267,5 +267,5 @@ class TimeSharingController:
     async def _bounded(aw: Awaitable[T], timeout_s: float, what: str) -> T:
         try:
             return await asyncio.wait_for(aw, timeout=timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise SchedulerTimeout(f"time-sharing {what} did not finish within {timeout_s}s") from None

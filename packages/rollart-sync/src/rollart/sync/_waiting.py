@@ -27,7 +27,7 @@ async def wait_for_version(cond: asyncio.Condition, retained: RetainedVersions, 
     async with cond:
         try:
             await asyncio.wait_for(cond.wait_for(lambda: pick_version(retained, version) is not None), timeout)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise SyncTimeoutError(
                 f"version {version!r} not published within {timeout} s (retained: {list(retained.versions)})"
             ) from exc

@@ -69,7 +69,7 @@ class PublishHandle:
         # <<< generated
         try:
             await asyncio.wait_for(asyncio.shield(self._task), timeout)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise SyncTimeoutError(f"publish of version {self.version} not finished after {timeout} s") from exc
         return self.version
 
@@ -119,7 +119,7 @@ async def fetch_verified(
             raise SyncTimeoutError(f"fetch ran past its deadline after {attempt - 1} attempts (last error: {last_error})")
         try:
             manifest, buffers = await asyncio.wait_for(read(), remaining)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise SyncTimeoutError(f"fetch attempt {attempt} ran past its deadline") from exc
         try:
             verify_buckets(manifest, buffers)

@@ -170,7 +170,7 @@ class MooncakeChannel:
                 ),
                 timeout,
             )
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise SyncTimeoutError(f"Mooncake store setup with master {config.master_address} took over {timeout} s") from exc
         if rc != 0:
             raise SyncError(
@@ -312,7 +312,7 @@ class MooncakeChannel:
         # <<< generated
         try:
             return await asyncio.wait_for(asyncio.to_thread(self._get_latest), timeout)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise SyncTimeoutError(f"reading {self.latest_key} took over {timeout} s") from exc
 
     async def fetch(self, version: VersionSpec = LATEST, timeout: float = DEFAULT_TIMEOUT_S) -> WeightSnapshot:
@@ -362,5 +362,5 @@ class MooncakeChannel:
                 task.cancel()  # the store call in its thread ends with the store's own RPC timeout
         try:
             await asyncio.wait_for(asyncio.to_thread(self._store.close), DEFAULT_TIMEOUT_S)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise SyncTimeoutError(f"closing the Mooncake store client took over {DEFAULT_TIMEOUT_S} s") from exc

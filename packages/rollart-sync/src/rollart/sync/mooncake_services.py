@@ -60,7 +60,7 @@ class MooncakeServices:
                 writer.close()
                 await writer.wait_closed()
                 return
-            except (OSError, asyncio.TimeoutError):
+            except (TimeoutError, OSError):
                 if loop.time() > deadline:
                     raise SyncTimeoutError(f"{what} not listening on {self._host}:{port} before the deadline") from None
                 await asyncio.sleep(0.05)

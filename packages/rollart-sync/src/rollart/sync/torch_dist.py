@@ -239,7 +239,7 @@ class TorchDistributedChannel:
             remaining = deadline - loop.time()
             try:
                 manifest, buffers, attempts = await asyncio.wait_for(asyncio.shield(self._pending), max(remaining, 0))
-            except asyncio.TimeoutError as exc:
+            except TimeoutError as exc:
                 raise SyncTimeoutError(f"no broadcast of version {version!r} arrived within {timeout} s") from exc
             finally:
                 if self._pending is not None and self._pending.done():
