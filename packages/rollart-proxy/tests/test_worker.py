@@ -37,7 +37,7 @@ async def test_add_during_decode_does_not_stall_batch(tiny_model_path):
     long_req = EngineRequest("long", tuple(prompts[0]), SamplingParams(max_tokens=30, temperature=0))
     short_req = EngineRequest("short", tuple(prompts[1]), SamplingParams(max_tokens=3, temperature=0))
     finished: list[str] = []
-    long_task = asyncio.create_task(worker.submit(long_req))
+    long_task = asyncio.ensure_future(worker.submit(long_req))
     long_task.add_done_callback(lambda _: finished.append("long"))
     for _ in range(10_000):  # bounded wait for the long request to be decoding
         if worker.stats().steps >= 5:
@@ -63,8 +63,8 @@ def test_callback_fires_once_and_abort_evict_hand_back_partial_output():
         await worker.start()
         got = []
         worker.add_request(EngineRequest("cb", (1, 2, 3), SamplingParams(max_tokens=3)), got.append)
-        a = asyncio.create_task(worker.submit(EngineRequest("a", (1, 2, 3), SamplingParams(max_tokens=500))))
-        b = asyncio.create_task(worker.submit(EngineRequest("b", (4, 5, 6), SamplingParams(max_tokens=500))))
+        a = asyncio.ensure_future(worker.submit(EngineRequest("a", (1, 2, 3), SamplingParams(max_tokens=500))))
+        b = asyncio.ensure_future(worker.submit(EngineRequest("b", (4, 5, 6), SamplingParams(max_tokens=500))))
         await asyncio.sleep(0.2)
         assert await worker.abort("a") is True
         assert await worker.abort("nope") is False
@@ -84,7 +84,7 @@ def test_suspend_stops_stepping_but_serves_commands_then_resume_finishes():
     async def go():
         worker = sim_worker(time_scale=1.0)
         await worker.start()
-        task = asyncio.create_task(worker.submit(EngineRequest("a", (1, 2, 3), SamplingParams(max_tokens=100))))
+        task = asyncio.ensure_future(worker.submit(EngineRequest("a", (1, 2, 3), SamplingParams(max_tokens=100))))
         await asyncio.sleep(0.1)
         await worker.suspend()
         steps = worker.stats().steps
@@ -107,7 +107,7 @@ def test_offload_hands_back_requests_and_refuses_adds_until_reload():
     async def go():
         worker = sim_worker(time_scale=1.0)
         await worker.start()
-        task = asyncio.create_task(worker.submit(EngineRequest("a", (1, 2, 3), SamplingParams(max_tokens=100))))
+        task = asyncio.ensure_future(worker.submit(EngineRequest("a", (1, 2, 3), SamplingParams(max_tokens=100))))
         await asyncio.sleep(0.1)
         await worker.offload()
         handed = await task
@@ -129,7 +129,7 @@ def test_engine_failure_hands_back_and_restart_gives_a_fresh_engine():
     async def go():
         worker = sim_worker(time_scale=1.0)
         await worker.start()
-        task = asyncio.create_task(worker.submit(EngineRequest("a", (1, 2, 3), SamplingParams(max_tokens=100))))
+        task = asyncio.ensure_future(worker.submit(EngineRequest("a", (1, 2, 3), SamplingParams(max_tokens=100))))
         await asyncio.sleep(0.05)
         first_engine = worker.engine
         first_engine.inject_fault(0)
@@ -152,7 +152,7 @@ def test_command_waits_have_a_deadline():
         # one 8B prefill of 100k tokens takes minutes of simulated time; the command deadline is 1 s
         worker = InferenceWorker("w", partial(SimEngine, QWEN3_8B, lookup_hardware("H20")), command_timeout_s=1.0)
         await worker.start()
-        asyncio.create_task(worker.submit(EngineRequest("a", tuple(range(100_000)), SamplingParams(max_tokens=5))))
+        asyncio.ensure_future(worker.submit(EngineRequest("a", tuple(range(100_000)), SamplingParams(max_tokens=5))))
         await asyncio.sleep(0.01)
         with pytest.raises(ProxyTimeoutError, match="SUSPEND not done within command_timeout_s=1.0"):
             await worker.suspend()

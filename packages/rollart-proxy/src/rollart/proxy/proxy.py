@@ -254,7 +254,7 @@ class LLMProxy:
             try:
                 pending = slot.handle.submit(track.engine_request)  # queued now, while the slot is active
                 output = await asyncio.wait_for(pending, deadline - loop.time())
-            except asyncio.TimeoutError as exc:
+            except TimeoutError as exc:
                 await self._abort_on(slot, track.engine_request.request_id)
                 raise ProxyTimeoutError(
                     f"request {track.engine_request.request_id!r} not answered within its deadline on worker {slot.handle.worker_id}"
@@ -302,7 +302,7 @@ class LLMProxy:
             return
         try:
             await asyncio.wait_for(event.wait(), max(remaining, 0.0))
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise ProxyTimeoutError(f"timed out waiting for {what}") from exc
 
     async def _acquire(self, track: _Track, deadline: float, exclude: int | None) -> WorkerSlot | None:

@@ -84,7 +84,7 @@ class RayWorkerHandle:
 
         try:
             return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise ProxyTimeoutError(f"ray worker {self.worker_id}: {what} not done within {timeout} s") from exc
         except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
             raise WorkerFailedError(f"ray worker {self.worker_id} died during {what}: {exc}") from exc

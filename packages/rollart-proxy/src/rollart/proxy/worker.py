@@ -194,7 +194,7 @@ class InferenceWorker:
         self._queue.put_nowait(Command(kind, payload, reply))
         try:
             return await asyncio.wait_for(reply, self._timeout)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise ProxyTimeoutError(
                 f"worker {self.worker_id}: {kind.value} not done within command_timeout_s={self._timeout}"
             ) from exc
