@@ -1,10 +1,11 @@
 """TorchEngine: a real continuous-batching engine over a Hugging Face causal LM, on CPU.
 
 Each request keeps its own KV cache (one key/value tensor pair per layer). A step either prefills
-newly admitted requests (each on its own, without padding, so greedy output is bit-for-bit what
+newly admitted requests (each on its own, without padding, so greedy output is what
 ``transformers.generate`` computes) or decodes one token for every running request in one batched
-forward: the per-request caches are left-padded to a common length with an attention mask and
-per-row position ids, then split back.
+forward over a left-padded batched cache with an attention mask and per-row position ids. The
+batched cache persists between steps: a finished request's row is dropped, a newly prefilled
+request's cache is padded and appended, so no step re-pads the whole batch.
 """
 
 from __future__ import annotations
@@ -93,6 +94,11 @@ class TorchEngine:
         self._waiting: deque[_Sequence] = deque()
         self._running: dict[str, _Sequence] = {}
         self._host_params: dict[str, torch.Tensor] | None = None
+        # the running batch's KV, left-padded: row i is sequence self._batch[i] with self._batch_lens[i] tokens
+        self._batch: list[_Sequence] = []
+        self._batch_lens: list[int] = []
+        self._batch_keys: list[torch.Tensor] = []
+        self._batch_values: list[torch.Tensor] = []
         self._param_names = {name for name, _ in model.named_parameters()}
 
     @classmethod
@@ -223,46 +229,74 @@ class TorchEngine:
                 finished.append(done)
         return finished
 
+    def _sync_batch(self) -> None:
+        """Make the batched cache hold exactly the running requests: drop finished or aborted rows,
+        trim columns that are padding in every row, and merge newly prefilled requests."""
+        keep = [i for i, seq in enumerate(self._batch) if self._running.get(seq.request.request_id) is seq]
+        if not keep:
+            self._batch, self._batch_lens, self._batch_keys, self._batch_values = [], [], [], []
+        elif len(keep) != len(self._batch):
+            index = torch.tensor(keep, dtype=torch.long)
+            self._batch_keys = [k.index_select(0, index) for k in self._batch_keys]
+            self._batch_values = [v.index_select(0, index) for v in self._batch_values]
+            self._batch = [self._batch[i] for i in keep]
+            self._batch_lens = [self._batch_lens[i] for i in keep]
+        if self._batch:
+            width, longest = self._batch_keys[0].shape[2], max(self._batch_lens)
+            if longest < width:
+                self._batch_keys = [k[:, :, width - longest :] for k in self._batch_keys]
+                self._batch_values = [v[:, :, width - longest :] for v in self._batch_values]
+        in_batch = {id(seq) for seq in self._batch}
+        joining = [seq for seq in self._running.values() if id(seq) not in in_batch]
+        if not joining:
+            return
+        lens = [seq.cache[0][0].shape[2] for seq in joining]  # type: ignore[index]
+        longest = max(lens + self._batch_lens)
+        n_layers = len(joining[0].cache or [])
+        keys, values = [], []
+        for layer in range(n_layers):
+            k_parts, v_parts = [], []
+            if self._batch:
+                pad = longest - self._batch_keys[layer].shape[2]
+                k_parts.append(torch.nn.functional.pad(self._batch_keys[layer], (0, 0, pad, 0)))
+                v_parts.append(torch.nn.functional.pad(self._batch_values[layer], (0, 0, pad, 0)))
+            for seq, length in zip(joining, lens):
+                k, v = seq.cache[layer]  # type: ignore[index]
+                k_parts.append(torch.nn.functional.pad(k, (0, 0, longest - length, 0)))
+                v_parts.append(torch.nn.functional.pad(v, (0, 0, longest - length, 0)))
+            keys.append(torch.cat(k_parts))
+            values.append(torch.cat(v_parts))
+        self._batch_keys, self._batch_values = keys, values
+        for seq in joining:
+            seq.cache = None  # its KV now lives in the batched cache
+        self._batch += joining
+        self._batch_lens += lens
+
     @torch.no_grad()
     def _decode(self) -> list[EngineOutput]:
+        """One token for every running request, on a left-padded batched KV cache that persists
+        between steps (rows leave when a request ends, join after its prefill)."""
         from transformers import DynamicCache
 
-        seqs = list(self._running.values())
-        lengths = [seq.context_len - 1 for seq in seqs]  # the last token is the pending input
-        longest = max(lengths)
-        n_layers = len(seqs[0].cache or [])
-        layers = []
-        for layer in range(n_layers):
-            keys, values = [], []
-            for seq, length in zip(seqs, lengths):
-                k, v = seq.cache[layer]  # type: ignore[index]
-                pad = longest - length
-                if pad:
-                    k = torch.nn.functional.pad(k, (0, 0, pad, 0))
-                    v = torch.nn.functional.pad(v, (0, 0, pad, 0))
-                keys.append(k)
-                values.append(v)
-            layers.append((torch.cat(keys), torch.cat(values)))
-        mask = torch.zeros(len(seqs), longest + 1, dtype=torch.long)
-        for row, length in enumerate(lengths):
-            mask[row, longest - length :] = 1
+        self._sync_batch()
+        seqs = list(self._batch)
+        longest = self._batch_keys[0].shape[2]
+        lens = torch.tensor(self._batch_lens, dtype=torch.long)
+        mask = (torch.arange(longest + 1)[None, :] >= (longest - lens)[:, None]).long()
         input_ids = torch.tensor([[seq.token_ids[-1]] for seq in seqs], dtype=torch.long)
-        positions = torch.tensor([[length] for length in lengths], dtype=torch.long)
         out = self._model(
             input_ids=input_ids,
             attention_mask=mask,
-            position_ids=positions,
-            past_key_values=DynamicCache(layers),
+            position_ids=lens[:, None],
+            past_key_values=DynamicCache(list(zip(self._batch_keys, self._batch_values))),
             use_cache=True,
         )
-        new_layers = out.past_key_values.layers
+        layers = out.past_key_values.layers
+        self._batch_keys = [layer.keys for layer in layers]
+        self._batch_values = [layer.values for layer in layers]
+        self._batch_lens = [length + 1 for length in self._batch_lens]
         finished: list[EngineOutput] = []
-        for row, (seq, length) in enumerate(zip(seqs, lengths)):
-            start = longest - length
-            seq.cache = [
-                (layer.keys[row : row + 1, :, start:].clone(), layer.values[row : row + 1, :, start:].clone())
-                for layer in new_layers
-            ]
+        for row, seq in enumerate(seqs):
             done = self._append(seq, out.logits[row, -1])
             if done is not None:
                 finished.append(done)
@@ -338,5 +372,6 @@ class TorchEngine:
             seq.cache = None
             self._waiting.appendleft(seq)
         self._running.clear()
+        self._batch, self._batch_lens, self._batch_keys, self._batch_values = [], [], [], []
         if reoffload:
             await self.offload()
