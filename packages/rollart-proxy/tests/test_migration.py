@@ -299,3 +299,21 @@ class ProxyMachine(RuleBasedStateMachine):
 
 TestProxyMachine = ProxyMachine.TestCase
 TestProxyMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+def test_shrink_by_count_picks_the_least_loaded_workers():
+    async def go():
+        proxy = LLMProxy(await sim_pool(3))
+        tasks = [asyncio.ensure_future(proxy.generate(req(i, max_tokens=300))) for i in range(2)]
+        await asyncio.sleep(0.2)
+        loaded = sorted(r for r in proxy.active_ranks() if proxy.slots[r].inflight)
+        devices = await proxy.shrink(count=1)
+        released = [s.rank for s in proxy.slots if s.state == OFFLOADED]
+        out = await asyncio.gather(*tasks)
+        await proxy.close()
+        return loaded, released, devices, out
+
+    loaded, released, devices, out = run_virtual(go())
+    assert released == [r for r in range(3) if r not in loaded] and len(released) == 1
+    assert devices == [2 * released[0], 2 * released[0] + 1]
+    assert all(len(r.token_ids) == 300 for r in out)

@@ -195,3 +195,22 @@ async def test_torch_workers_serve_real_greedy_and_real_weight_updates(tiny_mode
     await proxy.close()
     assert all(r.versions == (1,) for r in second)
     assert [r.token_ids for r in second] != [r.token_ids for r in first]
+
+
+def test_duplicate_request_id_and_request_deadline():
+    async def go():
+        workers = await sim_pool(["H20"])
+        proxy = LLMProxy(workers)
+        long = asyncio.ensure_future(proxy.generate(GenerateRequest((1, 2, 3), SamplingParams(max_tokens=100_000), "dup", "t")))
+        await asyncio.sleep(0.1)
+        with pytest.raises(ProxyError, match="request id not in flight, got 'dup'"):
+            await proxy.generate(GenerateRequest((1, 2), SamplingParams(max_tokens=2), "dup", "t2"))
+        with pytest.raises(ProxyTimeoutError, match="'late' not answered within its deadline on worker w0"):
+            await proxy.generate(GenerateRequest((1, 2), SamplingParams(max_tokens=100_000), "late", "t3"), timeout_s=2.0)
+        stats = workers[0].stats()
+        long.cancel()
+        await proxy.close()
+        return stats
+
+    stats = run_virtual(go())
+    assert stats.running == 1  # the timed-out request was aborted on its worker; only "dup" runs

@@ -222,10 +222,10 @@ class LLMProxy:
             raise ProxyError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
         # <<< generated
         request_id = request.request_id or f"req-{next(self._ids)}"
-        # AST: AST_PRECONDITION(request_id not in self._tracks, got=request_id, msg="request id not in flight")
-        # >>> generated AST_PRECONDITION #75b8d7785a (edit the annotation, not this block)
+        # AST: AST_PRECONDITION(request_id not in self._tracks, got=request_id, msg="request id not in flight", exc=ProxyError)
+        # >>> generated AST_PRECONDITION #c0961a7e7b (edit the annotation, not this block)
         if not (request_id not in self._tracks):
-            raise AssertionError(f"Pre-condition: request id not in flight, got {request_id!r}")
+            raise ProxyError(f"Pre-condition: request id not in flight, got {request_id!r}")
         # <<< generated
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
