@@ -199,11 +199,10 @@ class MooncakeChannel:
 
     # ---- blocking store calls (run in worker threads) --------------------------------------------------
 
-    def _put_version(self, packed: PackedWeights) -> None:
-        version = packed.manifest.version
-        items = [(self.bucket_key(version, s.index), b) for s, b in zip(packed.manifest.buckets, packed.buffers) if s.nbytes]
-        ptrs = [b.data_ptr() for _, b in items]
-        sizes = [b.numel() * b.element_size() for _, b in items]
+    def _batch_with_registered_buffers(self, batch_op, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
+        """Run one batched zero-copy store call with its buffers registered for exactly its duration."""
+        if not keys:
+            return []
         registered = []
         try:
             for ptr, size in zip(ptrs, sizes):
@@ -211,10 +210,17 @@ class MooncakeChannel:
                 if rc != 0:
                     raise SyncError(f"Mooncake register_buffer of {size} bytes failed with code {rc}")
                 registered.append(ptr)
-            codes = self._store.batch_put_from([k for k, _ in items], ptrs, sizes) if items else []
+            return batch_op(keys, ptrs, sizes)
         finally:
             for ptr in registered:
                 self._store.unregister_buffer(ptr)
+
+    def _put_version(self, packed: PackedWeights) -> None:
+        version = packed.manifest.version
+        items = [(self.bucket_key(version, s.index), b) for s, b in zip(packed.manifest.buckets, packed.buffers) if s.nbytes]
+        ptrs = [b.data_ptr() for _, b in items]
+        sizes = [b.numel() * b.element_size() for _, b in items]
+        codes = self._batch_with_registered_buffers(self._store.batch_put_from, [k for k, _ in items], ptrs, sizes)
         failed = {k: c for (k, _), c in zip(items, codes) if c != 0}
         if failed:
             raise SyncError(f"Mooncake put of version {version} failed for {len(failed)} buckets: {failed}")
@@ -252,17 +258,7 @@ class MooncakeChannel:
         items = [(self.bucket_key(version, s.index), b) for s, b in zip(manifest.buckets, buffers) if s.nbytes]
         ptrs = [b.data_ptr() for _, b in items]
         sizes = [b.numel() * b.element_size() for _, b in items]
-        registered = []
-        try:
-            for ptr, size in zip(ptrs, sizes):
-                rc = self._store.register_buffer(ptr, size)
-                if rc != 0:
-                    raise SyncError(f"Mooncake register_buffer of {size} bytes failed with code {rc}")
-                registered.append(ptr)
-            codes = self._store.batch_get_into([k for k, _ in items], ptrs, sizes) if items else []
-        finally:
-            for ptr in registered:
-                self._store.unregister_buffer(ptr)
+        codes = self._batch_with_registered_buffers(self._store.batch_get_into, [k for k, _ in items], ptrs, sizes)
         short = {k: c for (k, _), c, size in zip(items, codes, sizes) if c != size}
         if short:
             if not self._store.is_exist(self.manifest_key(version)):
