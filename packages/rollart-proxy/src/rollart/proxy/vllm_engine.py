@@ -43,6 +43,9 @@ class _Tracked:
         return EngineOutput(self.request.request_id, tuple(self.token_ids), tuple(self.logprobs), tuple(self.versions), reason)
 
 
+CPU_KV_CACHE_BYTES = 512 << 20
+
+
 class VLLMEngine:
     """vLLM's ``LLMEngine`` as an ``Engine``: continuous batching, prefix caching, paged KV."""
 
@@ -86,6 +89,10 @@ class VLLMEngine:
         }
         if in_process:
             kwargs["distributed_executor_backend"] = "uni"
+        if current_platform.is_cpu():
+            # On the CPU backend `gpu_memory_utilization` reserves that fraction of *host* memory
+            # (0.92 by default) and refuses to start when it is not free; size the KV cache explicitly.
+            kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         kwargs.update(engine_kwargs or {})
         config = EngineArgs(**kwargs).create_engine_config()
         self._engine = LLMEngine(vllm_config=config, executor_class=Executor.get_class(config), log_stats=False,
