@@ -24,10 +24,12 @@ from rollart.scheduler.tasks import FROZEN_LAKE_MAP, VOCAB, FrozenLakePrompts, b
 from rollart.sync.local import LocalChannel
 from rollart.sync.model_update import ModelUpdateGroup
 from rollart.train import TorchTrainer, TrainerConfig, build_causal_lm, tiny_llama_config
+from rollart.train.losses import LossConfig
 
 
 async def main(iterations: int) -> None:
-    config = parse_config({"pipeline": {"mode": "async", "alpha": 1, "batch_size": 64, "group_size": 8}})
+    config = parse_config({"pipeline": {"mode": "async", "alpha": 1, "batch_size": 64, "group_size": 8},
+                           "trainer": {"normalize_advantage_std": False}})  # Dr.GRPO advantages (design D15)
     model_cfg = tiny_llama_config(vocab_size=len(VOCAB), num_key_value_heads=4)  # random init, no download
     tokenizer = build_demo_tokenizer()
 
@@ -39,7 +41,8 @@ async def main(iterations: int) -> None:
     proxy = LLMProxy(workers)
 
     # 2. trainer and weight sync (same seed: version 0 needs no transfer)
-    trainer = TorchTrainer(build_causal_lm(model_cfg, seed=0), TrainerConfig(lr=3e-3, micro_batch_size=64))
+    trainer = TorchTrainer(build_causal_lm(model_cfg, seed=0), TrainerConfig(lr=3e-3, micro_batch_size=64,
+                                                                          loss=LossConfig(entropy_coef=0.01)))
     updater = ModelUpdateGroup(LocalChannel(), [ProxyWeightLoader(proxy)])
 
     # 3. environments: 10 GRPO groups of 8 EnvManagers each (redundancy 1.25 over 8 groups per batch)
@@ -52,7 +55,7 @@ async def main(iterations: int) -> None:
               for m in range(8)] for g in range(10)]
     rollout = RolloutScheduler(slots, ["frozenlake"] * len(slots), buffer, proxy)
 
-    # 4. the loop: get_batch -> suspend -> model_update -> resume -> train_step
+    # 4. the loop: get_batch -> train_step -> suspend -> model_update -> resume (design D12)
     run_dir = tempfile.mkdtemp(prefix="frozenlake-")
     parts = PipelineParts(buffer=buffer, rollout=rollout, trainer=trainer, updater=updater, rollout_devices=[0, 1],
                           train_devices=[2], metrics=MetricsWriter(run_dir, tensorboard=False), closers=[proxy.close])

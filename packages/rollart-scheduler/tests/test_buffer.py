@@ -70,6 +70,23 @@ async def test_batch_is_refilled_after_eviction():
     assert buf.records()["s1"].state == ABORTED
 
 
+async def test_balanced_batch_waits_for_the_slow_task():
+    """Four finished `fast` groups do not make a batch of two groups: one `slow` group must come."""
+    buf = SampleBuffer(alpha=1, group_size=1, tasks=["fast", "slow"])
+    for i in range(4):
+        buf.put_nowait(FakeTraj(f"f{i}", f"fast-g{i}", [0]))
+    assert buf.ready_count() == 4 and not buf.can_take(2)
+    with pytest.raises(SchedulerTimeout):
+        await buf.get_batch(2, timeout_s=0.05)
+    buf.put_nowait(FakeTraj("s0", "slow-g9", [0]))
+    batch = await buf.get_batch(2, timeout_s=1.0)
+    assert [t.id for t in batch] == ["f0", "s0"]  # oldest fast group, then the slow one
+    unbalanced = SampleBuffer(alpha=1, group_size=1)
+    for i in range(2):
+        unbalanced.put_nowait(FakeTraj(f"f{i}", f"fast-g{i}", [0]))
+    assert [t.id for t in await unbalanced.get_batch(2, timeout_s=1.0)] == ["f0", "f1"]
+
+
 def test_bad_arguments_name_the_field():
     with pytest.raises(SchedulerError, match="alpha"):
         SampleBuffer(alpha=-1, group_size=1)
@@ -81,13 +98,16 @@ def test_bad_arguments_name_the_field():
         buf.set_version(2)
 
 
+TASKS = ["a", "b"]
+
+
 class BufferMachine(RuleBasedStateMachine):
     """Random puts (fresh, stale, failed, duplicate-group), version bumps, aborts and batches."""
 
-    @initialize(alpha=st.integers(0, 2), group_size=st.integers(1, 3))
-    def setup(self, alpha, group_size):
-        self.buf = SampleBuffer(alpha=alpha, group_size=group_size)
-        self.alpha, self.gs = alpha, group_size
+    @initialize(alpha=st.integers(0, 2), group_size=st.integers(1, 3), balanced=st.booleans())
+    def setup(self, alpha, group_size, balanced):
+        self.buf = SampleBuffer(alpha=alpha, group_size=group_size, tasks=TASKS if balanced else ())
+        self.alpha, self.gs, self.balanced = alpha, group_size, balanced
         self.put_ids: list[str] = []
         self.consumed: list[str] = []
         self.n = 0
@@ -96,7 +116,7 @@ class BufferMachine(RuleBasedStateMachine):
     @rule(new_group=st.booleans(), lag=st.integers(0, 3), mixed=st.booleans(), failed=st.integers(0, 9), pick=st.integers(0, 50))
     def put(self, new_group, lag, mixed, failed, pick):
         if new_group or not self.open_groups:
-            gid = f"g{self.n}"
+            gid = f"{TASKS[pick % 2]}-g{self.n}"
             self.open_groups.append(gid)
         else:
             gid = self.open_groups[pick % len(self.open_groups)]
@@ -117,10 +137,10 @@ class BufferMachine(RuleBasedStateMachine):
         if self.open_groups:
             self.buf.abort_group(self.open_groups[pick % len(self.open_groups)], "test abort")
 
-    @precondition(lambda self: self.buf.ready_count() >= self.gs)
-    @rule(k=st.integers(1, 3))
+    @precondition(lambda self: self.buf.can_take(self.gs))
+    @rule(k=st.integers(1, 4))
     def get_batch(self, k):
-        groups = min(k, self.buf.ready_count() // self.gs)
+        groups = max(g for g in range(1, k + 1) if g == 1 or self.buf.can_take(g * self.gs))
         batch = asyncio.run(self.buf.get_batch(groups * self.gs, timeout_s=1.0))
         assert len(batch) == groups * self.gs
         for t in batch:
@@ -129,6 +149,9 @@ class BufferMachine(RuleBasedStateMachine):
         for t in batch:
             by_group[t.group_id] = by_group.get(t.group_id, 0) + 1
         assert all(c == self.gs for c in by_group.values()), "partial group in a batch"
+        if self.balanced:  # task-balanced: the per-task group counts differ by at most one, first task first
+            per_task = [sum(1 for g in by_group if g.startswith(f"{task}-g")) for task in TASKS]
+            assert per_task == [groups // 2 + groups % 2, groups // 2], per_task
         self.consumed += [t.id for t in batch]
 
     @invariant()

@@ -6,10 +6,12 @@ from rollart.env.envs.math_calc import MathCalcEnv, generate_problem
 from rollart.env.trajectory import Trajectory, TrajectoryStatus, Turn
 from rollart.scheduler.tasks import (
     GOAL_DISTANCE,
+    HOLE_PENALTY,
     FrozenLakePrompts,
     MathToolPrompts,
     build_demo_tokenizer,
     frozen_lake_cell,
+    frozen_lake_potential,
     frozen_lake_reward,
     math_reward,
 )
@@ -42,8 +44,15 @@ def test_frozen_lake_prompts_and_reward():
     assert frozen_lake_reward(fl_traj([1, 2, 6, 10, 14, 15], success=True)) == 1.0
     # progress counts the closest safe cell reached; a dead end (3) scores below the path via 6
     assert frozen_lake_reward(fl_traj([1, 2, 3])) < frozen_lake_reward(fl_traj([1, 2, 6]))
+    assert frozen_lake_reward(fl_traj([1, 2, 6, 2])) == frozen_lake_reward(fl_traj([1, 2, 6]))
     assert frozen_lake_reward(fl_traj([1, 2, 6], invalid=2)) == frozen_lake_reward(fl_traj([1, 2, 6])) - 0.1
     assert frozen_lake_reward(fl_traj([])) == 0.0
+    # the former 0.17 trap: progress to cell 8 and then into the hole 12 now scores below stopping at
+    # 8 and below the safe step to 9, so a policy in the trap has a gradient out of it
+    trap = frozen_lake_reward(fl_traj([4, 8, 12]))
+    assert trap == frozen_lake_reward(fl_traj([4, 8])) - HOLE_PENALTY < frozen_lake_reward(fl_traj([4, 8, 9]))
+    # bounded shaping: the goal (1.0) beats every other ending (< 0.5), so the optimal policy is unchanged
+    assert max(frozen_lake_potential(c) for c in range(15)) == frozen_lake_potential(14) < 0.5
 
 
 async def test_math_macros_drive_the_real_env():

@@ -9,6 +9,7 @@ section of the event loop, and a postcondition re-checks every batch.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -53,6 +54,11 @@ class _Group:
         return min((oldest_version(t) for t in self.members), default=2**62)
 
 
+def group_task(group_id: str) -> str:
+    """The task of a RolloutScheduler group id `TASK-gN` (the whole id when it has no `-g`)."""
+    return group_id.rsplit("-g", 1)[0]
+
+
 def oldest_version(trajectory: BufferedTrajectory) -> int:
     """The oldest weight version that produced any token (D1); -1 when none is known."""
     # deps: BufferedTrajectory.weight_versions
@@ -68,10 +74,20 @@ class SampleBuffer:
     A trajectory whose oldest token came from version k may be trained at trainer version v only if
     k >= v - alpha. Every id put is accounted exactly once in `records()`: buffered, consumed, or
     aborted with a reason.
+
+    With `tasks` given, batches are task-balanced (design D13): a batch of g groups holds
+    g // len(tasks) groups of every task (the remainder goes to the first tasks), so the batch mix,
+    and with it the reward curve, does not depend on which groups happen to finish first, and a slow
+    task is waited for instead of starved.
     """
 
-    def __init__(self, alpha: int, group_size: int, version: int = 0) -> None:
-        """Start empty at trainer `version`; alpha = 0 means strictly on-policy."""
+    def __init__(self, alpha: int, group_size: int, version: int = 0, tasks: Sequence[str] = (),
+                 task_of: Callable[[str], str] | None = None) -> None:
+        """Start empty at trainer `version`; alpha = 0 means strictly on-policy.
+
+        `tasks` (optional) turns on task-balanced batches; `task_of` maps a group id to its task
+        (default `group_task`: the part before `-g`, as in the RolloutScheduler's `TASK-gN` ids).
+        """
         # VAL: VAL_INT_RANGE(alpha, min=0, max=1_000_000, exc=SchedulerError)
         # >>> generated VAL_INT_RANGE #7d882392fa (edit the annotation, not this block)
         if isinstance(alpha, bool) or not isinstance(alpha, int) or not (0 <= alpha <= 1000000):
@@ -87,8 +103,15 @@ class SampleBuffer:
         if isinstance(version, bool) or not isinstance(version, int) or not (0 <= version <= 2 ** 62):
             raise SchedulerError(f"version must be an integer in [{ 0 }, { 2 ** 62 }], got {version!r}")
         # <<< generated
+        # AST: AST_PRECONDITION(len(set(tasks)) == len(tasks), got=list(tasks), msg="tasks are distinct", exc=SchedulerError)
+        # >>> generated AST_PRECONDITION #47f5fac68a (edit the annotation, not this block)
+        if not (len(set(tasks)) == len(tasks)):
+            raise SchedulerError(f"Pre-condition: tasks are distinct, got {list(tasks)!r}")
+        # <<< generated
         self.alpha = alpha
         self.group_size = group_size
+        self.tasks = list(tasks)
+        self.task_of = task_of or group_task
         self._version = version
         self._records: dict[str, TrajectoryRecord] = {}
         self._groups: dict[str, _Group] = {}
@@ -192,9 +215,31 @@ class SampleBuffer:
         ready.sort(key=lambda item: (item[1].min_version(), item[1].seq))
         return ready
 
+    def _quotas(self, groups: int) -> dict[str, int]:
+        k = len(self.tasks)
+        return {task: groups // k + (1 if i < groups % k else 0) for i, task in enumerate(self.tasks)}
+
+    def _select(self, n: int) -> list[tuple[str, _Group]] | None:
+        """The groups a batch of n would take now (oldest first, per task when balanced), or None."""
+        ready = [(gid, g) for gid, g in self._ready_groups() if g.min_version() >= self._version - self.alpha]
+        groups = n // self.group_size
+        if not self.tasks:
+            return ready[:groups] if len(ready) >= groups else None
+        chosen: list[tuple[str, _Group]] = []
+        for task, quota in self._quotas(groups).items():
+            mine = [item for item in ready if self.task_of(item[0]) == task][:quota]
+            if len(mine) < quota:
+                return None
+            chosen += mine
+        return chosen
+
+    def can_take(self, n: int) -> bool:
+        """Whether get_batch(n) could return now: enough complete, in-bound groups (per task when balanced)."""
+        return self._select(n) is not None
+
     def _take(self, n: int) -> list[BufferedTrajectory]:
         batch: list[BufferedTrajectory] = []
-        for gid, group in self._ready_groups()[: n // self.group_size]:
+        for gid, group in self._select(n) or []:
             del self._groups[gid]
             self._closed_groups[gid] = CONSUMED
             for t in group.members:
@@ -205,7 +250,7 @@ class SampleBuffer:
     async def get_batch(self, n: int, timeout_s: float) -> list[BufferedTrajectory]:
         """Wait until n trajectories of complete, in-bound groups exist; take them oldest first.
 
-        Evictions while waiting are refilled by later groups, so the batch has exactly n items.
+        When balanced (`tasks`), each task contributes its quota of groups, oldest first. Evictions while waiting are refilled by later groups, so the batch has exactly n items.
 
         Raises:
             SchedulerTimeout: the batch was not complete within `timeout_s` seconds.
@@ -232,7 +277,7 @@ class SampleBuffer:
         deadline = loop.time() + timeout_s
         while True:
             self._evict_stale()
-            if self.ready_count() >= n:
+            if self.can_take(n):
                 batch = self._take(n)
                 break
             remaining = deadline - loop.time()

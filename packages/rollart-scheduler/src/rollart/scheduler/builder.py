@@ -120,14 +120,15 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
         loss=LossConfig(clip_eps_low=tc.clip_eps, clip_eps_high=tc.clip_eps, entropy_coef=tc.entropy_coef)))
     updater = ModelUpdateGroup(LocalChannel(), [ProxyWeightLoader(proxy)], timeout=config.pipeline.update_timeout_s)
     pcfg = config.pipeline
-    buffer = SampleBuffer(alpha=pcfg.alpha, group_size=pcfg.group_size)
+    tasks = slot_tasks(config)
+    balanced = sorted({t.env for t in tasks}) if pcfg.balance_tasks else []
+    buffer = SampleBuffer(alpha=pcfg.alpha, group_size=pcfg.group_size, tasks=balanced)
     pipeline_ref: list[Pipeline] = []
 
     def on_put(traj: Any) -> None:
         if pipeline_ref:
             pipeline_ref[0].on_trajectory(traj)
 
-    tasks = slot_tasks(config)
     slots = []
     for i, task in enumerate(tasks):
         sink = RewardingSink(buffer, TASK_REWARDS[task.env], on_put=on_put)

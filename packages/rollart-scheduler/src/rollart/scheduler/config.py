@@ -43,6 +43,7 @@ class PipelineSection(_Strict):
     batch_size: int = Field(32, ge=1)
     group_size: int = Field(8, ge=1)
     redundancy: float = Field(1.5, ge=1.0, le=8.0)
+    balance_tasks: bool = True
     get_batch_timeout_s: float = Field(600.0, gt=0)
     update_timeout_s: float = Field(60.0, gt=0)
 
@@ -94,6 +95,7 @@ class TrainerSection(_Strict):
     lr: float = Field(3e-3, gt=0)
     clip_eps: float = Field(0.2, gt=0)
     entropy_coef: float = Field(0.0, ge=0)
+    normalize_advantage_std: bool = True  # False: Dr.GRPO advantages (reward - group mean), design D15
     max_grad_norm: float = Field(1.0, gt=0)
     micro_batch_size: int = Field(64, ge=1)
 

@@ -103,7 +103,8 @@ class Pipeline:
         return loop.time() - t0
 
     async def _train(self, batch: list[Any]) -> dict[str, float]:
-        tb = build_train_batch(trajectories_to_samples(batch), pad_token_id=self.parts.pad_token_id)
+        tb = build_train_batch(trajectories_to_samples(batch), pad_token_id=self.parts.pad_token_id,
+                               normalize_advantage_std=self.config.trainer.normalize_advantage_std)
         return await asyncio.to_thread(self.parts.trainer.train_step, tb)
 
     def _aborted_total(self) -> int:

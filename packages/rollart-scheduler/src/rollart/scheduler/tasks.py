@@ -7,10 +7,13 @@ the real `rollart.env` ones:
 * FrozenLake (non-slippery 4x4, the classic map): each observation becomes one token naming the
   player's cell (`c0`..`c15`); the policy answers with one token (`left`/`down`/`right`/`up`), which
   decodes to the move word the env's own parser reads. Reward (shaped, stated here and in the
-  docs): 1.0 at the goal, else 0.5 x (1 - d / 6) where d is the shortest safe-path distance to
-  the goal from the closest cell the episode reached (a potential without dead ends), plus the
-  env's own invalid-action penalty (-0.05 per unparsable move), because a random 4x4 walk reaches
-  the goal ~1% of the time.
+  docs, design D14): 1.0 at the goal; else phi of the closest cell the episode reached, with
+  phi = 0.5 x (1 - d / 6) and d the shortest safe-path distance to the goal, minus 0.1 when the
+  episode ended in a hole; plus the env's own invalid-action penalty (-0.05 per unparsable move).
+  Shaping is needed because a random 4x4 walk reaches the goal ~1% of the time. It is bounded
+  (every non-goal ending scores < 0.5 < 1.0), so the optimal policy is still "walk to the goal";
+  the hole penalty removes the 0.17 trap of the plain progress bonus (walk to cell 8, fall into
+  the hole 12: it paid as much as stopping at 8, and runs locked into that path).
 * Math with the calculator tool (`MathCalcEnv`): the policy sees `math` and then one token per
   env reply (`result`, `hint`, ...). Its action tokens are tool macros: `calc` decodes to
   `<calc>EXPRESSION</calc>` with the question's expression, `answer` to `<answer>LAST_RESULT</answer>`.
@@ -146,16 +149,27 @@ def _goal_distances(desc: list[str]) -> dict[int, int]:
 GOAL_DISTANCE = _goal_distances(FROZEN_LAKE_MAP)
 
 
+HOLE_PENALTY = 0.1
+
+
+def frozen_lake_potential(cell: int) -> float:
+    """phi(cell) = 0.5 x (1 - d / d_max) on safe cells (d: safe-path distance to the goal), 0 on holes."""
+    d = GOAL_DISTANCE.get(cell)
+    if d is None:
+        return 0.0
+    return 0.5 * (1.0 - d / max(GOAL_DISTANCE.values()))
+
+
 def frozen_lake_reward(trajectory: Trajectory) -> float:
-    """1.0 at the goal, else 0.5 x the best safe-path progress reached, plus invalid-move penalties (module docstring)."""
+    """1.0 at the goal, else phi of the closest cell reached minus the hole penalty, plus invalid-move penalties."""
+    penalty = sum(min(t.env_reward, 0.0) for t in trajectory.turns)  # the env's invalid-action penalty
     if trajectory.success or trajectory.env_return >= 1.0:
-        return 1.0
+        return 1.0 + penalty
     cells = [frozen_lake_cell(trajectory.initial_observation)]
     cells += [frozen_lake_cell(t.observation) for t in trajectory.turns if t.observation]
-    worst = max(GOAL_DISTANCE.values())
-    best = min((GOAL_DISTANCE[c] for c in cells if c in GOAL_DISTANCE), default=worst)
-    penalty = sum(min(t.env_reward, 0.0) for t in trajectory.turns)  # the env's invalid-action penalty
-    return 0.5 * (1.0 - best / worst) + penalty
+    if cells[-1] not in GOAL_DISTANCE:  # the episode ended in a hole
+        penalty -= HOLE_PENALTY
+    return max(frozen_lake_potential(c) for c in cells) + penalty
 
 
 def math_reward(trajectory: Trajectory) -> float:
