@@ -214,3 +214,26 @@ def test_duplicate_request_id_and_request_deadline():
 
     stats = run_virtual(go())
     assert stats.running == 1  # the timed-out request was aborted on its worker; only "dup" runs
+
+
+def test_close_answers_in_flight_requests_as_aborted_at_once_and_refuses_new_ones():
+    async def go():
+        proxy = LLMProxy(await sim_pool(["H800", "H20"]), request_timeout_s=3600.0)
+        loop = asyncio.get_running_loop()
+        pending = [asyncio.ensure_future(proxy.generate(req(max_tokens=100_000, trajectory_id=f"t{i}"))) for i in range(4)]
+        await asyncio.sleep(0.05)
+        await proxy.suspend()  # a suspended proxy must not keep them waiting either
+        start = loop.time()
+        await proxy.close()
+        out = await asyncio.gather(*pending)
+        waited = loop.time() - start
+        with pytest.raises(ProxyError, match="the proxy is closed"):
+            await proxy.generate(req())
+        return out, waited, proxy.counters
+
+    out, waited, counters = run_virtual(go())
+    assert [r.finish_reason for r in out] == ["abort"] * 4
+    assert {r.abort_reason for r in out} == {"proxy closed"}
+    assert all(len(r.token_ids) > 0 for r in out)  # tokens generated before the close are returned
+    assert waited < 1.0  # virtual seconds: answered at close, not at the 3600 s deadline
+    assert counters["failures"] == 0  # stopping workers at close is not a failure to recover from

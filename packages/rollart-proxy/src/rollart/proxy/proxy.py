@@ -177,6 +177,7 @@ class LLMProxy:
         self._changed = asyncio.Event()
         self._resumed = asyncio.Event()
         self._resumed.set()
+        self._closed = False
         self._control = asyncio.Lock()
         self._ids = itertools.count()
         self._on_event = on_event
@@ -214,6 +215,8 @@ class LLMProxy:
 
     async def generate(self, request: GenerateRequest, timeout_s: float | None = None) -> GenerateResponse:
         """Answer one request exactly once: finished (stop/length) or aborted with a reason."""
+        if self._closed:
+            raise ProxyError("the proxy is closed; create a new LLMProxy to generate again")
         validate_request(request, self._router)
         timeout = self._timeout if timeout_s is None else timeout_s
         # VAL: VAL_TIMEOUT(timeout, exc=ProxyError)
@@ -277,7 +280,7 @@ class LLMProxy:
             self.counters["migrated"] += 1
             self._emit("handed_back", request_id=output.request_id, reason=output.finish_reason,
                        worker=slot.handle.worker_id, token_ids=output.token_ids)
-            if output.finish_reason == FINISH_WORKER_FAILED:
+            if output.finish_reason == FINISH_WORKER_FAILED and not self._closed:
                 await self._handle_failure(slot, incarnation)
             exclude = slot.rank if output.finish_reason == FINISH_MIGRATED else None
 
@@ -523,7 +526,16 @@ class LLMProxy:
                 pass
 
     async def close(self) -> None:
-        """Stop every worker (in-flight requests are answered as aborted by their coroutines' deadlines)."""
+        """Stop every worker; requests still in flight are answered at once as aborted ("proxy closed").
+
+        Without this a request handed back by a stopping worker would look for another worker until
+        its deadline, and a caller cancelling it at shutdown would wait on a restart that never helps.
+        """
+        self._closed = True
+        for track in self._tracks.values():
+            track.abort_reason = track.abort_reason or "proxy closed"
+        self._resumed.set()
+        self._notify()
         await asyncio.gather(*(s.handle.stop() for s in self._slots if s.state != REMOVED), return_exceptions=True)
 
 
