@@ -196,12 +196,14 @@ class PythonSandbox:
         overflow = asyncio.Event()
 
         async def pump(stream: asyncio.StreamReader, key: str) -> None:
-            while chunk := await stream.read(4096):
+            # Keep draining (and discarding) past the limit until EOF: a reader that stops leaves the
+            # transport paused on a full buffer, and then `proc.wait()` never sees the pipes close.
+            while chunk := await stream.read(65536):
                 buf = buffers[key]
-                buf.extend(chunk[: max(0, limits.output_bytes + 1 - len(buf))])
-                if len(buf) > limits.output_bytes:
-                    overflow.set()
-                    return
+                if len(buf) <= limits.output_bytes:
+                    buf.extend(chunk[: limits.output_bytes + 1 - len(buf)])
+                    if len(buf) > limits.output_bytes:
+                        overflow.set()
 
         pumps = [asyncio.ensure_future(pump(proc.stdout, "out")), asyncio.ensure_future(pump(proc.stderr, "err"))]
         waiter = asyncio.ensure_future(proc.wait())
