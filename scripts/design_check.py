@@ -55,6 +55,7 @@ class Stub:
     signature: str | None  # None for classes
     annotations: list[str]
     line: int
+    end: int  # last line, trailing comments included
 
 
 @dataclass
@@ -117,14 +118,17 @@ def _walk_defs(tree: ast.Module, lines: list[str], module: str, line_offset: int
     stubs: list[Stub] = []
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            stubs.append(Stub(module, node.name, signature_of(node),
-                              _annotations_in(lines, node.lineno, _block_end(lines, node)), node.lineno + line_offset))
+            end = _block_end(lines, node)
+            stubs.append(Stub(module, node.name, signature_of(node), _annotations_in(lines, node.lineno, end),
+                              node.lineno + line_offset, end + line_offset))
         elif isinstance(node, ast.ClassDef):
-            stubs.append(Stub(module, node.name, None, [], node.lineno + line_offset))
+            stubs.append(Stub(module, node.name, None, [], node.lineno + line_offset, node.end_lineno + line_offset))
             for sub in node.body:
                 if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    end = _block_end(lines, sub)
                     stubs.append(Stub(module, f"{node.name}.{sub.name}", signature_of(sub),
-                                      _annotations_in(lines, sub.lineno, _block_end(lines, sub)), sub.lineno + line_offset))
+                                      _annotations_in(lines, sub.lineno, end), sub.lineno + line_offset,
+                                      end + line_offset))
     return stubs
 
 
@@ -289,25 +293,13 @@ def check_package(package: str) -> Report:
                                  f"are not all present, in order, in the code {impl.annotations}")
             continue
         bad = impl_cache[path][1]
-        node_lines = _impl_line_range(path, stub.qualname)
-        stale = [ln for ln in bad if node_lines[0] <= ln <= node_lines[1]]
+        stale = [ln for ln in bad if impl.line <= ln <= impl.end]
         if stale:
             report.errors.append(f"{stub.module}.{stub.qualname}: annotations not expanded or stale at lines {sorted(stale)}"
                                  " (run make expand)")
         else:
             report.annotations_ok += len(stub.annotations)
     return report
-
-
-def _impl_line_range(path: Path, qualname: str) -> tuple[int, int]:
-    tree = ast.parse(path.read_text())
-    scope: list[ast.stmt] = tree.body
-    node = None
-    for part in qualname.split("."):
-        node = next(n for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                    and n.name == part)
-        scope = node.body
-    return node.lineno, node.end_lineno
 
 
 def print_table(reports: list[Report]) -> None:
