@@ -10,20 +10,12 @@ import pytest
 from rollart.proxy.ledger_hook import ProxyTransitionHook
 from rollart.proxy.proxy import ACTIVE, OFFLOADED, LLMProxy
 from rollart.proxy.sim_engine import QWEN3_8B, SimEngine, lookup_hardware
-from rollart.proxy.testing import VirtualLoop
+from rollart.proxy.testing import run_virtual
 from rollart.proxy.types import GenerateRequest, SamplingParams
 from rollart.proxy.worker import InferenceWorker
 from rollart.resource.ledger import TransitionHook, TransitionVetoed
 from rollart.resource.manager import ResourceManager
 from rollart.resource.testing import RecordingHook
-
-
-def run_virtual(coro):
-    loop = VirtualLoop()
-    try:
-        return loop.run_until_complete(coro)
-    finally:
-        loop.close()
 
 
 async def setup(extra_hook=None):

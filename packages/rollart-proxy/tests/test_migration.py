@@ -13,17 +13,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from rollart.proxy.errors import ProxyError
 from rollart.proxy.proxy import ACTIVE, DRAINING, OFFLOADED, REMOVED, LLMProxy
 from rollart.proxy.sim_engine import QWEN3_8B, SimEngine, lookup_hardware
-from rollart.proxy.testing import VirtualLoop
+from rollart.proxy.testing import VirtualLoop, run_virtual
 from rollart.proxy.types import GenerateRequest, SamplingParams
 from rollart.proxy.worker import InferenceWorker
-
-
-def run_virtual(coro):
-    loop = VirtualLoop()
-    try:
-        return loop.run_until_complete(coro)
-    finally:
-        loop.close()
 
 
 async def sim_pool(n: int, **kw) -> list[InferenceWorker]:

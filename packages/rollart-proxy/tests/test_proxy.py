@@ -11,18 +11,10 @@ import torch
 from rollart.proxy.errors import ProxyError, ProxyTimeoutError
 from rollart.proxy.proxy import LLMProxy
 from rollart.proxy.sim_engine import QWEN3_8B, SimEngine, lookup_hardware
-from rollart.proxy.testing import VirtualLoop, prompts_of_mixed_lengths
+from rollart.proxy.testing import prompts_of_mixed_lengths, run_virtual
 from rollart.proxy.torch_engine import TorchEngine
 from rollart.proxy.types import EngineRequest, GenerateRequest, SamplingParams
 from rollart.proxy.worker import InferenceWorker
-
-
-def run_virtual(coro):
-    loop = VirtualLoop()
-    try:
-        return loop.run_until_complete(coro)
-    finally:
-        loop.close()
 
 
 async def sim_pool(hardware: list[str], **kw) -> list[InferenceWorker]:

@@ -9,7 +9,7 @@ import pytest
 
 from rollart.proxy.errors import ProxyError, ProxyTimeoutError
 from rollart.proxy.sim_engine import QWEN3_8B, SimEngine, lookup_hardware
-from rollart.proxy.testing import VirtualLoop, prompts_of_mixed_lengths
+from rollart.proxy.testing import prompts_of_mixed_lengths, run_virtual
 from rollart.proxy.torch_engine import TorchEngine
 from rollart.proxy.types import EngineRequest, SamplingParams
 from rollart.proxy.worker import InferenceWorker, WorkerState
@@ -19,14 +19,6 @@ GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
 
 def sim_worker(name="w", **kw) -> InferenceWorker:
     return InferenceWorker(name, partial(SimEngine, QWEN3_8B, lookup_hardware("H20"), **kw), devices=(0,))
-
-
-def run_virtual(coro):
-    loop = VirtualLoop()
-    try:
-        return loop.run_until_complete(coro)
-    finally:
-        loop.close()
 
 
 async def test_add_during_decode_does_not_stall_batch(tiny_model_path):

@@ -129,3 +129,12 @@ class VirtualLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         """The virtual time in seconds."""
         return self.now
+
+
+def run_virtual(coro: Any) -> Any:
+    """Run a coroutine to completion on a fresh ``VirtualLoop`` and close the loop."""
+    loop = VirtualLoop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()
