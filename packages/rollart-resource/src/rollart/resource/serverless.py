@@ -67,8 +67,11 @@ class ServerlessClient:
         if not backoff >= 0:
             raise ResourceError(f"backoff must be >= 0, got {backoff!r}")
         # <<< generated
-        if not url.startswith(("http://", "https://")):
-            raise ResourceError(f"url must be an http(s) URL, got {url!r}")
+        # AST: AST_PRECONDITION(url.startswith(("http://", "https://")), got=url, msg="url must be an http(s) URL", exc=ResourceError)
+        # >>> generated AST_PRECONDITION #60086d8d6e (edit the annotation, not this block)
+        if not (url.startswith(('http://', 'https://'))):
+            raise ResourceError(f"Pre-condition: url must be an http(s) URL, got {url!r}")
+        # <<< generated
         self.url = url
         self.timeout = float(timeout)
         self.retries = retries
