@@ -16,7 +16,6 @@ from rollart.scheduler.errors import ConfigError
 
 MODES = ("sync", "one_off", "async", "time_sharing")
 POLICIES = ("cost_aware", "always_shrink")
-TASKS = ("frozenlake", "math")
 ALGORITHMS = ("grpo", "ppo")
 
 
@@ -69,28 +68,132 @@ class TimeSharingSection(_Strict):
     slots_per_device: int = Field(16, ge=1)
 
 
-class ClusterSection(_Strict):
-    """Logical devices: how many serve rollout and how many the trainer owns."""
+ENGINES = ("torch", "vllm", "sim")
+TRAINER_BACKENDS = ("torch", "megatron")
+CHANNELS = ("local", "torch_dist", "mooncake")
+DTYPES = ("float32", "bfloat16", "float16")
+PROMPT_STYLES = ("auto", "demo", "chat_template")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
-    rollout_devices: int = Field(2, ge=1)
-    train_devices: int = Field(1, ge=1)
-    use_ray: bool = False
-    hardware: str = "H800"
+
+class ClusterSection(_Strict):
+    """Which Ray cluster runs the workers (design D16).
+
+    `ray`: `none` runs every part in this process; `local` starts a Ray cluster on 127.0.0.1 with
+    one logical GPU per configured device and one custom resource per hardware type; anything else
+    is the address of an existing cluster (`HOST:PORT` or `ray://HOST:PORT`), which is left running.
+    `devices`: the local cluster's inventory per hardware type (default: exactly what the pools and
+    the trainer ask for); a config asking for more fails before anything starts.
+    """
+
+    ray: str = "none"
+    devices: dict[str, int] | None = None
+
+    @model_validator(mode="after")
+    def _inventory(self) -> ClusterSection:
+        for hw, n in (self.devices or {}).items():
+            if isinstance(n, bool) or n < 0:
+                raise ValueError(f"cluster.devices.{hw} must be an integer >= 0, got {n!r}")
+        return self
+
+    @property
+    def uses_ray(self) -> bool:
+        """True unless `ray: none`."""
+        return self.ray != "none"
+
+    @property
+    def is_local(self) -> bool:
+        """True when RollArt starts (and stops) the Ray cluster itself."""
+        return self.ray == "local"
 
 
 class ModelSection(_Strict):
-    """The tiny locally built model (random init, no downloads)."""
+    """The policy: the tiny locally built demo model, or a Hugging Face checkpoint directory.
 
+    With `path`, the trainer and every engine load the same weights from the directory (config,
+    safetensors, tokenizer with a chat template), so version 0 needs no transfer; the tiny fields
+    are then ignored.
+    """
+
+    path: str | None = None
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     hidden_size: int = Field(64, ge=8)
     num_layers: int = Field(2, ge=1)
     num_heads: int = Field(4, ge=1)
     intermediate_size: int = Field(128, ge=8)
     max_positions: int = Field(128, ge=16)
 
+    @model_validator(mode="after")
+    def _checkpoint(self) -> ModelSection:
+        if self.path is None:
+            return self
+        root = Path(self.path).expanduser()
+        if not root.is_dir():
+            raise ValueError(f"model.path {self.path!r} is not a directory (a Hugging Face checkpoint directory is expected)")
+        if not (root / "config.json").is_file():
+            raise ValueError(f"model.path {self.path!r} has no config.json")
+        if not any((root / f).is_file() for f in TOKENIZER_FILES):
+            raise ValueError(f"model.path {self.path!r} has no tokenizer (one of {list(TOKENIZER_FILES)}); "
+                             "save one with tokenizer.save_pretrained(path)")
+        return self
+
+
+class RolloutPool(_Strict):
+    """One pool of rollout workers on one hardware type, one worker per device."""
+
+    name: str = Field(..., min_length=1)
+    hardware: str = "H800"
+    devices: int = Field(1, ge=1)
+    engine: str = "torch"
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    max_num_seqs: int = Field(16, ge=1)
+
+
+class RolloutSection(_Strict):
+    """The rollout side: pools of inference workers (several hardware types in one run)."""
+
+    pools: list[RolloutPool] = Field(default_factory=lambda: [RolloutPool(name="rollout", devices=2)], min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> RolloutSection:
+        names = [p.name for p in self.pools]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"rollout.pools names must be unique, got duplicates {dupes}")
+        return self
+
+    @property
+    def devices(self) -> int:
+        """Rollout devices over all pools."""
+        return sum(p.devices for p in self.pools)
+
+
+class RoutingSection(_Strict):
+    """Hardware affinity (the paper's Listing 1): task tag -> hardware; `default` covers other tags."""
+
+    affinity: dict[str, str] = Field(default_factory=dict)
+
+
+class SyncSection(_Strict):
+    """How weights go from the trainer to the rollout workers (design D17)."""
+
+    channel: Literal["local", "torch_dist", "mooncake"] = "local"
+    bucket_mb: float = Field(64.0, gt=0, le=16384)
+    keep_last: int = Field(2, ge=1)
+
 
 class TrainerSection(_Strict):
-    """Optimisation settings handed to rollart.train."""
+    """The trainer: backend, where it runs, and the optimisation settings handed to rollart.train.
 
+    `placement: driver` trains in this process (the embedded default); `placement: actors` runs
+    `devices` data-parallel Ray actors on their own devices of `hardware` (disaggregated from
+    rollout), gradients all-reduced over torch.distributed (gloo on CPU, NCCL on GPUs).
+    """
+
+    backend: Literal["torch", "megatron"] = "torch"
+    placement: Literal["driver", "actors"] = "driver"
+    devices: int = Field(1, ge=1)
+    hardware: str = "H800"
     algorithm: Literal["grpo", "ppo"] = "grpo"
     lr: float = Field(3e-3, gt=0)
     clip_eps: float = Field(0.2, gt=0)
@@ -100,26 +203,121 @@ class TrainerSection(_Strict):
     micro_batch_size: int = Field(64, ge=1)
 
 
-class TaskSection(_Strict):
-    """One environment mix entry."""
+class RewardService(_Strict):
+    """A reward scored by a Reward-as-a-Service endpoint (`rollart reward serve`)."""
 
-    env: Literal["frozenlake", "math"]
+    service: str = Field(..., min_length=1)
+    name: str = "default"
+    token_env: str | None = None
+    deadline_s: float = Field(60.0, gt=0)
+
+
+class TaskSection(_Strict):
+    """One environment of the mix: which env, which reward, how prompts are rendered, its routing tag.
+
+    `env` and `reward` are a built-in name (`frozenlake`, `math`, `code`), a plugin name (entry
+    points `rollart.envs` / `rollart.rewards`), or an import path (`pkg.mod:Name`, `file.py:Name`);
+    `reward` may also be a reward service. `reward` defaults to the env's built-in reward when there
+    is one. `prompts: auto` is `demo` for the tiny model and `chat_template` for a checkpoint.
+    """
+
+    env: str = Field(..., min_length=1)
+    env_args: dict[str, Any] = Field(default_factory=dict)
+    reward: str | RewardService | None = None
+    prompts: Literal["auto", "demo", "chat_template"] = "auto"
+    system_prompt: str = ""
+    tag: str = "default"
     weight: float = Field(1.0, gt=0)
     max_turns: int = Field(8, ge=1)
     max_tokens: int = Field(2, ge=1)
     temperature: float = Field(1.0, gt=0)
 
+    @property
+    def name(self) -> str:
+        """A short name for metrics: the env spec's last component."""
+        return self.env.rpartition(":")[2].rpartition("/")[2].removesuffix(".py")
+
 
 class RunConfig(_Strict):
-    """The whole run: pipeline mode and sizes, model, trainer, time-sharing and the demo tasks."""
+    """The whole run: pipeline, model, rollout pools, routing, trainer, sync, cluster and tasks."""
 
     run: RunSection = Field(default_factory=RunSection)
     pipeline: PipelineSection = Field(default_factory=PipelineSection)
     time_sharing: TimeSharingSection = Field(default_factory=TimeSharingSection)
     cluster: ClusterSection = Field(default_factory=ClusterSection)
     model: ModelSection = Field(default_factory=ModelSection)
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    routing: RoutingSection = Field(default_factory=RoutingSection)
     trainer: TrainerSection = Field(default_factory=TrainerSection)
+    sync: SyncSection = Field(default_factory=SyncSection)
     tasks: list[TaskSection] = Field(default_factory=lambda: [TaskSection(env="frozenlake")], min_length=1)
+
+    @model_validator(mode="after")
+    def _composition(self) -> RunConfig:
+        check_composition(self)
+        return self
+
+
+def check_composition(config: RunConfig) -> None:
+    """Cross-section rules: names that exist, tags that reach a pool, devices that fit (design D16).
+
+    Raises ValueError naming the dotted field, the value and what is allowed (pydantic turns it into
+    a ConfigError line).
+    """
+    from rollart.resource.hardware import BUILTIN_HARDWARE
+
+    from rollart.scheduler.registry import is_import_path, known_names
+
+    hardware = sorted(BUILTIN_HARDWARE)
+    engines = known_names("engine")
+    for i, pool in enumerate(config.rollout.pools):
+        if pool.hardware not in BUILTIN_HARDWARE:
+            raise ValueError(f"rollout.pools.{i}.hardware: unknown hardware {pool.hardware!r}; allowed: {hardware}")
+        if pool.engine not in engines and not is_import_path(pool.engine):
+            raise ValueError(f"rollout.pools.{i}.engine: unknown engine {pool.engine!r}; allowed: {engines} "
+                             "or an import path package.module:EngineClass")
+        if pool.engine == "vllm" and config.model.path is None:
+            raise ValueError(f"rollout.pools.{i}.engine: 'vllm' needs model.path (a Hugging Face checkpoint directory)")
+    if config.trainer.hardware not in BUILTIN_HARDWARE:
+        raise ValueError(f"trainer.hardware: unknown hardware {config.trainer.hardware!r}; allowed: {hardware}")
+    pool_hw = sorted({p.hardware for p in config.rollout.pools})
+    for tag, hw in config.routing.affinity.items():
+        if hw not in pool_hw:
+            raise ValueError(f"routing.affinity.{tag}: hardware {hw!r} has no rollout pool; pools run on {pool_hw}")
+    affinity = config.routing.affinity
+    for i, task in enumerate(config.tasks):
+        if affinity and task.tag not in affinity and "default" not in affinity:
+            raise ValueError(f"tasks.{i}.tag: {task.tag!r} has no entry in routing.affinity (keys: {sorted(affinity)}) "
+                             "and there is no 'default'")
+    if config.trainer.placement == "actors" and not config.cluster.uses_ray:
+        raise ValueError("trainer.placement: 'actors' needs a Ray cluster; set cluster.ray to 'local' or an address")
+    if config.sync.channel != "local" and config.trainer.placement != "actors":
+        raise ValueError(f"sync.channel: {config.sync.channel!r} moves weights from trainer actors; "
+                         "set trainer.placement: actors, or use sync.channel: local")
+    if config.trainer.placement == "actors" and config.sync.channel != "local":
+        for i, pool in enumerate(config.rollout.pools):
+            if pool.engine == "sim":
+                raise ValueError(f"rollout.pools.{i}.engine: 'sim' holds no weights; use sync.channel: local with it")
+    if config.trainer.placement == "actors" and config.pipeline.mode == "sync":
+        raise ValueError("pipeline.mode: 'sync' colocates training on the rollout devices; "
+                         "use trainer.placement: driver with it")
+    if config.cluster.devices is not None:
+        need = required_devices(config)
+        for hw, n in sorted(need.items()):
+            have = config.cluster.devices.get(hw, 0)
+            if n > have:
+                raise ValueError(f"cluster.devices.{hw}: the pools and the trainer need {n} {hw} devices, "
+                                 f"the cluster has {have}")
+
+
+def required_devices(config: RunConfig) -> dict[str, int]:
+    """Devices per hardware type the run occupies: every pool plus the trainer's own."""
+    need: dict[str, int] = {}
+    for pool in config.rollout.pools:
+        need[pool.hardware] = need.get(pool.hardware, 0) + pool.devices
+    if config.pipeline.mode != "sync":
+        need[config.trainer.hardware] = need.get(config.trainer.hardware, 0) + config.trainer.devices
+    return need
 
 
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
@@ -147,7 +345,11 @@ def format_validation_error(err: ValidationError) -> str:
         msg = e.get("msg", "invalid")
         got = e.get("input")
         line = f"{path}: {msg} (got {got!r})"
-        if e.get("type") == "extra_forbidden":
+        if e.get("type") == "value_error":
+            # our cross-field rules name their own dotted field, value and allowed values
+            text = msg.removeprefix("Value error, ")
+            line = text if not loc or text.startswith(".".join(str(p) for p in loc)) else f"{path}: {text}"
+        elif e.get("type") == "extra_forbidden":
             parent = _model_at(loc[:-1])
             if parent is not None:
                 line += f"; allowed fields: {sorted(parent.model_fields)}"
