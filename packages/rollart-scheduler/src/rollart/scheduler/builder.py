@@ -1,152 +1,284 @@
-"""Build a whole pipeline from a RunConfig: tiny model, rollout workers, proxy, sync, trainer, envs.
+"""Build a whole pipeline from a RunConfig: model, rollout pools, proxy, trainer, sync, envs, rewards.
 
-Why one builder: `rollart run`, the demo, the tests and the benchmark must run the same wiring;
-the examples in `examples/` show the same composition written out by hand.
+Why one builder: `rollart run`, `rollart plan`, the demo, the tests and the benchmarks must run the
+same wiring (design D16). The config names each part; this module only composes:
+
+    model       ModelSpec: the tiny demo model or a Hugging Face checkpoint, built by each part itself
+    pools       one worker per device, engine per pool; in-process (`cluster.ray: none`) or Ray actors
+                placed through rollart.resource on `{GPU: 1, <hardware>: 1}` bundles
+    routing     rollart.proxy's AffinityRouter over `routing.affinity` (tag -> hardware)
+    trainer     in this process (`placement: driver`) or data-parallel Ray actors on their own devices
+    sync        LocalChannel through the proxy, or torch_dist / Mooncake from trainer rank 0 to every actor
+    tasks       env, prompt builder and reward resolved by task_factory (names, plugins, import paths)
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollart.env.envs.frozen_lake import FrozenLakeEnv
-from rollart.env.envs.math_calc import MathCalcEnv
 from rollart.env.manager import EnvManager, EnvManagerConfig
 from rollart.env.protocols import SamplingParams
 from rollart.env.retry import RetryPolicy
 from rollart.proxy.proxy import LLMProxy
-from rollart.proxy.torch_engine import TorchEngine
+from rollart.proxy.routing import AffinityRouter
 from rollart.proxy.worker import InferenceWorker
-from rollart.scheduler.adapters import ProxyElasticPool, ProxyLLMClient, ProxyWeightLoader, RewardingSink
+from rollart.scheduler.adapters import ProxyElasticPool, ProxyLLMClient, ProxyWeightLoader
 from rollart.scheduler.buffer import SampleBuffer
 from rollart.scheduler.checkpoint import Checkpointer
 from rollart.scheduler.config import RunConfig, TaskSection
+from rollart.scheduler.engines import EngineSpec
+from rollart.scheduler.errors import ConfigError
 from rollart.scheduler.metrics import MetricsWriter, RoleTimeline
+from rollart.scheduler.model_source import ModelSpec
 from rollart.scheduler.pipeline import Pipeline, PipelineParts
 from rollart.scheduler.rollout import RolloutScheduler
-from rollart.scheduler.tasks import (
-    FROZEN_LAKE_MAP,
-    TASK_REWARDS,
-    VOCAB,
-    FrozenLakePrompts,
-    MathToolPrompts,
-    build_demo_tokenizer,
-)
+from rollart.scheduler.sinks import ScoringSink
+from rollart.scheduler.task_factory import TaskParts, build_task
 from rollart.scheduler.timesharing import AlwaysShrinkPolicy, CostAwarePolicy, TimeSharingController
+from rollart.scheduler.trainers import ActorTrainerGroup, ChannelUpdater, LocalTrainer, LocalUpdater
 from rollart.sync.local import LocalChannel
 from rollart.sync.model_update import ModelUpdateGroup
 from rollart.train.losses import LossConfig
-from rollart.train.models import build_causal_lm, tiny_llama_config
-from rollart.train.torch_trainer import TorchTrainer, TrainerConfig
+from rollart.train.torch_trainer import TrainerConfig
 
 
 def model_config(config: RunConfig) -> Any:
-    """The tiny Llama over the demo vocabulary."""
-    m = config.model
-    return tiny_llama_config(vocab_size=len(VOCAB), hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
-                             num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
-                             num_key_value_heads=m.num_heads, max_position_embeddings=m.max_positions)
+    """The transformers config of the run's model (tiny Llama, or the checkpoint's)."""
+    return ModelSpec.from_config(config).hf_config()
 
 
-def _env_factory(task: TaskSection):
-    if task.env == "frozenlake":
-        return lambda: FrozenLakeEnv(desc=list(FROZEN_LAKE_MAP), is_slippery=False, max_episode_steps=task.max_turns)
-    return lambda: MathCalcEnv(source="generated", max_tool_calls=2)
+def trainer_config(config: RunConfig) -> TrainerConfig:
+    """rollart.train's TrainerConfig from the config's trainer section."""
+    tc = config.trainer
+    return TrainerConfig(lr=tc.lr, micro_batch_size=tc.micro_batch_size, max_grad_norm=tc.max_grad_norm,
+                         loss=LossConfig(clip_eps_low=tc.clip_eps, clip_eps_high=tc.clip_eps, entropy_coef=tc.entropy_coef))
 
 
-def _prompts(task: TaskSection, tokenizer: Any) -> Any:
-    return FrozenLakePrompts(tokenizer) if task.env == "frozenlake" else MathToolPrompts(tokenizer)
+def task_keys(config: RunConfig) -> list[str]:
+    """A unique short name per task (the env's name, suffixed when two tasks share an env)."""
+    names = [t.name for t in config.tasks]
+    return [n if names.count(n) == 1 else f"{n}{i}" for i, n in enumerate(names)]
 
 
-def slot_tasks(config: RunConfig) -> list[TaskSection]:
-    """Assign each group slot a task, proportionally to the task weights (largest remainder)."""
+def slot_tasks(config: RunConfig) -> list[int]:
+    """Each group slot's task index, proportionally to the task weights (largest remainder)."""
     p = config.pipeline
     n_slots = math.ceil(p.batch_size // p.group_size * p.redundancy)
     total = sum(t.weight for t in config.tasks)
-    out: list[TaskSection] = []
+    out: list[int] = []
     for i in range(n_slots):
-        # pick the task whose share is most behind
-        deficits = [t.weight / total * (i + 1) - sum(1 for x in out if x is t) for t in config.tasks]
-        out.append(config.tasks[deficits.index(max(deficits))])
+        deficits = [t.weight / total * (i + 1) - out.count(k) for k, t in enumerate(config.tasks)]
+        out.append(deficits.index(max(deficits)))
     return out
 
 
-async def start_local_workers(config: RunConfig, mcfg: Any) -> list[InferenceWorker]:
-    """In-process rollout workers, one TorchEngine per logical device."""
-    seed = config.run.seed
-    slots = config.time_sharing.slots_per_device
-    workers = []
-    for i in range(config.cluster.rollout_devices):
-        w = InferenceWorker(f"rollout-{i}", lambda: TorchEngine(build_causal_lm(mcfg, seed=seed), max_num_seqs=slots),
-                            hardware="CPU", devices=(i,))
-        await w.start()
-        workers.append(w)
+@dataclass
+class Placement:
+    """Which ledger devices each pool and the trainer got (what `rollart plan` prints, what runs)."""
+
+    pools: dict[str, list[int]]
+    trainer: list[int]
+    hardware: dict[int, str] = field(default_factory=dict)
+
+
+def place(config: RunConfig) -> tuple[Any, Placement]:
+    """Allocate every pool's and the trainer's devices in a rollart.resource ledger by hardware type."""
+    from rollart.resource.manager import ResourceManager
+    from rollart.scheduler.config import required_devices
+
+    need = required_devices(config)
+    inventory = dict(config.cluster.devices or need)
+    ids: dict[str, range] = {}
+    start = 0
+    for hw in sorted(inventory):
+        ids[hw] = range(start, start + inventory[hw])
+        start += inventory[hw]
+    ledger = ResourceManager(pool={hw: r for hw, r in ids.items() if len(r)})
+    pools = {p.name: list(ledger.allocate(f"pool:{p.name}", "rollout", p.devices, p.hardware).devices)
+             for p in config.rollout.pools}
+    if config.pipeline.mode == "sync":
+        trainer = [d for devs in pools.values() for d in devs][: config.trainer.devices]
+    else:
+        trainer = list(ledger.allocate("trainer", "train", config.trainer.devices, config.trainer.hardware).devices)
+    hardware = {d: hw for hw, r in ids.items() for d in r}
+    return ledger, Placement(pools, trainer, hardware)
+
+
+def check_cluster_capacity(config: RunConfig, resources: dict[str, float]) -> None:
+    """Refuse, before anything starts, a config that asks an existing cluster for more than it has."""
+    from rollart.scheduler.config import required_devices
+
+    need = required_devices(config)
+    gpus = sum(n for hw, n in need.items() if hw != "CPU")
+    if gpus > resources.get("GPU", 0):
+        raise ConfigError(f"rollout.pools / trainer.devices: the run needs {gpus} GPUs, the Ray cluster has "
+                          f"{int(resources.get('GPU', 0))}")
+    for hw, n in sorted(need.items()):
+        if hw != "CPU" and n > resources.get(hw, 0):
+            raise ConfigError(f"rollout.pools / trainer.hardware: the run needs {n} {hw} devices, the Ray cluster "
+                              f"advertises {int(resources.get(hw, 0))} (start nodes with --resources '{{\"{hw}\": N}}')")
+
+
+async def start_pools(config: RunConfig, model: ModelSpec, placement: Placement, runtime: Any | None) -> list[Any]:
+    """Every pool's workers in config order (rank order of the proxy): Ray actors or in-process workers."""
+    from rollart.scheduler.ray_workers import start_rollout_actors
+
+    workers: list[Any] = []
+    for pool in config.rollout.pools:
+        spec = EngineSpec(pool.engine, model, pool.hardware, pool.max_num_seqs, dict(pool.engine_args))
+        devices = placement.pools[pool.name]
+        if runtime is not None and pool.engine != "sim":
+            workers += await start_rollout_actors(runtime, pool.name, spec, devices)
+            continue
+        for rank, device in enumerate(devices):
+            w = InferenceWorker(f"{pool.name}-{rank}", spec.build, hardware=pool.hardware, devices=(device,))
+            await w.start()
+            workers.append(w)
     return workers
 
 
-async def _ray_workers_with_ledger(config: RunConfig, mcfg: Any) -> tuple[Any, list[Any]]:
-    """Rollout workers as Ray actors on devices taken from a rollart.resource ledger (Ray must be up)."""
-    from rollart.resource.manager import ResourceManager
-    from rollart.scheduler.ray_workers import start_ray_workers
+async def start_trainer(config: RunConfig, model: ModelSpec, placement: Placement, runtime: Any | None) -> Any:
+    """The trainer in this process, or data-parallel actors (their world is joined by `connect_world`)."""
+    from rollart.scheduler.actors import build_trainer
+    from rollart.scheduler.ray_workers import start_trainer_actors
 
-    c = config.cluster
-    ledger = ResourceManager(pool={c.hardware: range(c.rollout_devices + c.train_devices)})
-    devices = list(ledger.allocate("rollout", "rollout", c.rollout_devices, c.hardware).devices)
-    workers = await start_ray_workers(mcfg, config.run.seed, devices, c.hardware, config.time_sharing.slots_per_device)
-    return ledger, workers
+    tc = config.trainer
+    if tc.placement == "driver":
+        return LocalTrainer(build_trainer(model, tc.backend, trainer_config(config)))
+    if tc.backend == "megatron":
+        raise ConfigError("trainer.backend: 'megatron' with placement 'actors' is not wired yet (megatron's parallel "
+                          "state must own a trainer-only world); use placement: driver, or backend: torch")
+    handles = await start_trainer_actors(runtime, model, tc.backend, trainer_config(config), tc.hardware, placement.trainer)
+    return ActorTrainerGroup(runtime, handles, timeout_s=config.pipeline.update_timeout_s * 10)
+
+
+async def connect_world(config: RunConfig, trainer: ActorTrainerGroup, rollout: list[Any]) -> list[Any]:
+    """Join trainer replicas and rollout actors in one torch.distributed world; open the channel.
+
+    Returns closers (Mooncake services). Ranks: trainer replicas first (rank 0 publishes), then
+    every rollout actor; groups: data-parallel (trainer ranks) and update (rank 0 + rollout).
+    """
+    from rollart.scheduler.actors import WorldSpec
+
+    closers: list[Any] = []
+    mooncake = None
+    if config.sync.channel == "mooncake":
+        from rollart.sync.mooncake import mooncake_unavailable_reason
+        from rollart.sync.mooncake_services import MooncakeServices
+
+        reason = mooncake_unavailable_reason()
+        if reason is not None:
+            raise ConfigError(f"sync.channel: 'mooncake' is unavailable here: {reason}")
+        services = MooncakeServices()
+        mooncake = await services.start()
+        closers.append(services.stop)
+    n_train = len(trainer.handles)
+    init = await trainer.call(0, "rendezvous")
+    world = WorldSpec(init_method=init, world_size=n_train + len(rollout), trainer_ranks=tuple(range(n_train)),
+                      rollout_ranks=tuple(range(n_train, n_train + len(rollout))), backend="gloo",
+                      channel=config.sync.channel, keep_last=config.sync.keep_last,
+                      bucket_bytes=int(config.sync.bucket_mb * (1 << 20)), mooncake=mooncake,
+                      timeout_s=config.pipeline.update_timeout_s * 2)
+    await asyncio.gather(*(trainer.call(r, "join", world, r) for r in range(n_train)),
+                         *(w.call("join", world, n_train + i) for i, w in enumerate(rollout)))
+    return closers
+
+
+class _SystemPrompt:
+    """A prompt builder whose first prompt uses the task's system prompt instead of the env's."""
+
+    def __init__(self, inner: Any, system_prompt: str) -> None:
+        self.inner, self.system_prompt = inner, system_prompt
+
+    def initial_ids(self, system_prompt: str, observation: str) -> list[int]:
+        return self.inner.initial_ids(self.system_prompt, observation)
+
+    def continuation_ids(self, previous_response_ids: list[int], observation: str) -> list[int]:
+        return self.inner.continuation_ids(previous_response_ids, observation)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.inner.decode(token_ids)
+
+
+def with_system_prompt(builder: Any, system_prompt: str) -> Any:
+    """`builder`, or a wrapper that renders `tasks[i].system_prompt` when the task sets one."""
+    return _SystemPrompt(builder, system_prompt) if system_prompt else builder
+
+
+def build_envs(config: RunConfig, parts: list[TaskParts], proxy: LLMProxy, sink: Any) -> tuple[list[list[EnvManager]], list[str]]:
+    """Group slots of EnvManagers (one env each), each slot one task, its managers tagged for routing."""
+    pcfg = config.pipeline
+    keys = task_keys(config)
+    slots, names = [], []
+    for i, index in enumerate(slot_tasks(config)):
+        task: TaskSection = config.tasks[index]
+        tp = parts[index]
+        ecfg = EnvManagerConfig(max_turns=task.max_turns, max_tokens_per_turn=task.max_tokens,
+                                sampling=SamplingParams(temperature=task.temperature),
+                                llm_policy=RetryPolicy(timeout_s=pcfg.get_batch_timeout_s), seed=config.run.seed + i)
+        slots.append([EnvManager(tp.env_factory, ProxyLLMClient(proxy, timeout_s=pcfg.get_batch_timeout_s),
+                                 with_system_prompt(tp.prompts_factory(), task.system_prompt), sink.for_task(keys[index], tp.scorer), ecfg,
+                                 name=f"{keys[index]}-{i}-{j}", tag=task.tag)
+                      for j in range(pcfg.group_size)])
+        names.append(keys[index])
+    return slots, names
 
 
 async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | None = None,
-                         tensorboard: bool | None = None) -> Pipeline:
-    """Wire every part for `config`; `workers` (WorkerHandles, e.g. Ray actors) default to in-process ones."""
-    mcfg = model_config(config)
-    tok = build_demo_tokenizer()
+                         tensorboard: bool | None = None, base_dir: Path | None = None) -> Pipeline:
+    """Wire every part for `config`; `workers` (WorkerHandles) replace the configured pools if given.
+
+    Nothing is started before every name is resolved (tasks, rewards, engines), so a bad config
+    fails with a ConfigError naming the field before any actor exists.
+    """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    seed = config.run.seed
-    ledger = None
+    model = ModelSpec.from_config(config)
+    tokenizer = model.tokenizer()
+    parts = [build_task(t, i, config, tokenizer, base_dir) for i, t in enumerate(config.tasks)]
     closers: list[Any] = []
-    if workers is None and config.cluster.use_ray:
-        ledger, workers = await _ray_workers_with_ledger(config, mcfg)
-        closers.append(ledger.close)
-    elif workers is None:
-        workers = await start_local_workers(config, mcfg)
-    proxy = LLMProxy(workers, max_inflight_per_worker=config.time_sharing.slots_per_device)
-    tc = config.trainer
-    trainer = TorchTrainer(build_causal_lm(mcfg, seed=seed), TrainerConfig(
-        lr=tc.lr, micro_batch_size=tc.micro_batch_size, max_grad_norm=tc.max_grad_norm,
-        loss=LossConfig(clip_eps_low=tc.clip_eps, clip_eps_high=tc.clip_eps, entropy_coef=tc.entropy_coef)))
-    updater = ModelUpdateGroup(LocalChannel(), [ProxyWeightLoader(proxy)], timeout=config.pipeline.update_timeout_s)
+    for tp in parts:
+        closers += tp.closers
+    runtime = None
+    if config.cluster.uses_ray:
+        import ray
+
+        from rollart.resource.runtime import RayRuntime
+
+        check_cluster_capacity(config, ray.cluster_resources())
+        runtime = RayRuntime()
+    ledger, placement = place(config)
+    closers.append(ledger.close)
+    trainer = None
+    try:
+        if workers is None:
+            workers = await start_pools(config, model, placement, runtime)
+        trainer = await start_trainer(config, model, placement, runtime)
+    except BaseException:
+        for w in workers or []:
+            await w.stop()
+        raise
+    proxy = LLMProxy(workers, router=AffinityRouter(config.routing.affinity),
+                     max_inflight_per_worker=config.time_sharing.slots_per_device)
+    if config.sync.channel == "local":
+        updater: Any = LocalUpdater(ModelUpdateGroup(LocalChannel(), [ProxyWeightLoader(proxy)],
+                                                     timeout=config.pipeline.update_timeout_s))
+    else:
+        closers += await connect_world(config, trainer, workers)
+        updater = ChannelUpdater(trainer, workers, proxy, config.sync.channel)
     pcfg = config.pipeline
-    tasks = slot_tasks(config)
-    balanced = sorted({t.env for t in tasks}) if pcfg.balance_tasks else []
+    keys = task_keys(config)
+    balanced = sorted(set(keys)) if pcfg.balance_tasks and len(set(keys)) > 1 else []
     buffer = SampleBuffer(alpha=pcfg.alpha, group_size=pcfg.group_size, tasks=balanced)
-    pipeline_ref: list[Pipeline] = []
-
-    def on_put(traj: Any) -> None:
-        if pipeline_ref:
-            pipeline_ref[0].on_trajectory(traj)
-
-    slots = []
-    for i, task in enumerate(tasks):
-        sink = RewardingSink(buffer, TASK_REWARDS[task.env], on_put=on_put)
-        ecfg = EnvManagerConfig(max_turns=task.max_turns, max_tokens_per_turn=task.max_tokens,
-                                sampling=SamplingParams(temperature=task.temperature),
-                                llm_policy=RetryPolicy(timeout_s=pcfg.get_batch_timeout_s), seed=seed + i)
-        slots.append([EnvManager(_env_factory(task), ProxyLLMClient(proxy, timeout_s=pcfg.get_batch_timeout_s),
-                                 _prompts(task, tok), sink, ecfg, name=f"{task.env}-{i}-{j}", tag="default")
-                      for j in range(pcfg.group_size)])
-    rollout = RolloutScheduler(slots, [t.env for t in tasks], buffer, proxy, carry_over=pcfg.mode != "one_off", seed=seed)
+    sink = ScoringSink(buffer)
+    slots, names = build_envs(config, parts, proxy, sink)
+    rollout = RolloutScheduler(slots, names, buffer, proxy, carry_over=pcfg.mode != "one_off", seed=config.run.seed)
     rollout_devices = [d for w in workers for d in w.devices]
-    colocated = pcfg.mode == "sync"
-    first_train = max(rollout_devices) + 1
-    train_devices = list(range(first_train, first_train + config.cluster.train_devices))
-    if ledger is not None:
-        train_devices = list(ledger.allocate("trainer", "train", config.cluster.train_devices, config.cluster.hardware).devices)
-    if colocated:
-        train_devices = list(rollout_devices)
+    train_devices = list(placement.trainer)
     loop = asyncio.get_running_loop()
     timeline = RoleTimeline(run_dir / "timeline.jsonl", sorted(set(rollout_devices) | set(train_devices)), clock=loop.time)
     controller = None
@@ -154,14 +286,18 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
         ts = config.time_sharing
         policy = (CostAwarePolicy(min_keep=ts.min_keep, margin=ts.margin, prior_switch_cost_s=ts.prior_switch_cost_s)
                   if ts.policy == "cost_aware" else AlwaysShrinkPolicy(lend=ts.lend))
-        controller = TimeSharingController(ProxyElasticPool(proxy, ledger=ledger), policy, train_devices=config.cluster.train_devices,
-                                           slots_per_device=ts.slots_per_device, on_role=timeline.set_role)
+        controller = TimeSharingController(ProxyElasticPool(proxy, ledger=ledger if runtime is not None else None), policy,
+                                           train_devices=config.trainer.devices, slots_per_device=ts.slots_per_device,
+                                           on_role=timeline.set_role)
     use_tb = config.run.tensorboard if tensorboard is None else tensorboard
-    parts = PipelineParts(buffer=buffer, rollout=rollout, trainer=trainer, updater=updater,
-                          rollout_devices=rollout_devices, train_devices=train_devices, controller=controller,
-                          timeline=timeline, metrics=MetricsWriter(run_dir, tensorboard=use_tb),
-                          checkpointer=Checkpointer(run_dir / "checkpoints"), pad_token_id=0,
-                          closers=[proxy.close, *closers])
-    pipeline = Pipeline(config, parts)
-    pipeline_ref.append(pipeline)
+    pipeline_parts = PipelineParts(buffer=buffer, rollout=rollout, trainer=trainer, updater=updater,
+                                   rollout_devices=rollout_devices, train_devices=train_devices, controller=controller,
+                                   timeline=timeline, metrics=MetricsWriter(run_dir, tensorboard=use_tb),
+                                   checkpointer=Checkpointer(run_dir / "checkpoints"),
+                                   pad_token_id=model.pad_token_id(tokenizer),
+                                   closers=[sink.aclose, proxy.close, trainer.close, *closers])
+    pipeline = Pipeline(config, pipeline_parts)
+    sink.observe(pipeline.on_trajectory)
+    pipeline.proxy = proxy
+    pipeline.placement = placement
     return pipeline

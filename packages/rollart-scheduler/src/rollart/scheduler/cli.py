@@ -25,17 +25,29 @@ ROLE_CHAR = {"rollout": "R", "train": "T", "idle": ".", "transfer": "~"}
 
 
 def init_ray(config: RunConfig) -> bool:
-    """Start a local Ray cluster on 127.0.0.1 with logical GPUs (and the hardware type) if asked."""
-    if not config.cluster.use_ray:
+    """Connect to Ray as `cluster.ray` says: none, a local cluster on 127.0.0.1, or an existing address.
+
+    A local cluster gets one logical GPU per configured device and one custom resource per hardware
+    type (`{"H800": 2, "H20": 2}`), so placement by hardware is real; an existing cluster is only
+    joined (and left running when the run ends).
+    """
+    if not config.cluster.uses_ray:
         return False
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
-    if not ray.is_initialized():
-        n = config.cluster.rollout_devices + config.cluster.train_devices
-        ray.init(num_gpus=n, resources={config.cluster.hardware: float(n)}, _node_ip_address="127.0.0.1",
-                 include_dashboard=False, log_to_driver=False)
+    from rollart.scheduler.config import required_devices
+
+    if ray.is_initialized():
+        return True
+    if config.cluster.is_local:
+        inventory = dict(config.cluster.devices or required_devices(config))
+        gpus = sum(n for hw, n in inventory.items() if hw != "CPU")
+        ray.init(num_gpus=gpus, resources={hw: float(n) for hw, n in inventory.items() if hw != "CPU"},
+                 _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
+    else:
+        ray.init(address=config.cluster.ray, log_to_driver=False)
     return True
 
 
@@ -47,12 +59,12 @@ def default_run_dir(config: RunConfig) -> Path:
 
 
 async def run_pipeline(config: RunConfig, run_dir: Path, iterations: int, console: Console | None = None,
-                       resume: bool = True) -> list[dict[str, Any]]:
+                       resume: bool = True, base_dir: Path | None = None) -> list[dict[str, Any]]:
     """Build, (resume,) run with a live progress line, draw the timeline; return the records."""
     from rollart.scheduler.builder import build_pipeline
 
     console = console or Console()
-    pipe = await build_pipeline(config, run_dir)
+    pipe = await build_pipeline(config, run_dir, base_dir=base_dir)
     records: list[dict[str, Any]] = []
     try:
         if resume and await pipe.restore():
@@ -110,7 +122,7 @@ def run(
         raise typer.Exit(code=2) from None
     out = Path(run_dir) if run_dir else default_run_dir(cfg)
     init_ray(cfg)
-    asyncio.run(run_pipeline(cfg, out, iterations or cfg.run.iterations))
+    asyncio.run(run_pipeline(cfg, out, iterations or cfg.run.iterations, base_dir=Path(config).parent))
 
 
 @app.command()

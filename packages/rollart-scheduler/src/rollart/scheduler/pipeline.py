@@ -32,24 +32,26 @@ from rollart.train.batch import build_train_batch
 
 
 class ModelUpdater(Protocol):
-    """rollart.sync's ModelUpdateGroup as the pipeline uses it."""
+    """Moves the trainer's new version to the rollout side (rollart.scheduler.trainers)."""
 
-    async def model_update(self, named_tensors: Any, version: int, timeout: float | None = None) -> Any: ...
+    async def model_update(self, trainer: Any, version: int, timeout: float) -> dict[str, float]:
+        """Publish and load `version`; returns at least `sync_s` and `sync_bytes`."""
+        ...
 
 
 class Trainer(Protocol):
-    """rollart.train's PolicyTrainer as the pipeline uses it."""
+    """The trainer as the pipeline drives it: in this process or as data-parallel actors."""
 
     @property
     def version(self) -> int: ...
 
-    def train_step(self, batch: Any) -> dict[str, float]: ...
+    async def train_step(self, batch: Any) -> dict[str, float]: ...
 
-    def named_tensors(self) -> dict[str, Any]: ...
+    async def save_checkpoint(self, path: str) -> None: ...
 
-    def save_checkpoint(self, path: str | Path) -> None: ...
+    async def load_checkpoint(self, path: str) -> None: ...
 
-    def load_checkpoint(self, path: str | Path) -> None: ...
+    async def close(self) -> None: ...
 
 
 @dataclass
@@ -93,19 +95,20 @@ class Pipeline:
         if self.parts.timeline is not None and devices:
             self.parts.timeline.set_role(devices, role)
 
-    async def _update(self, version: int) -> float:
+    async def _update(self, version: int) -> dict[str, float]:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
+        stats = {"sync_s": 0.0, "sync_bytes": 0.0}
         if version > self._published:
-            await self.parts.updater.model_update(self.parts.trainer.named_tensors(), version,
-                                                  timeout=self.cfg.update_timeout_s)
+            stats = dict(await self.parts.updater.model_update(self.parts.trainer, version, self.cfg.update_timeout_s))
             self._published = version
-        return loop.time() - t0
+        stats["update_s"] = loop.time() - t0
+        return stats
 
     async def _train(self, batch: list[Any]) -> dict[str, float]:
         tb = build_train_batch(trajectories_to_samples(batch), pad_token_id=self.parts.pad_token_id,
                                normalize_advantage_std=self.config.trainer.normalize_advantage_std)
-        return await asyncio.to_thread(self.parts.trainer.train_step, tb)
+        return await self.parts.trainer.train_step(tb)
 
     def _aborted_total(self) -> int:
         return sum(1 for r in self.parts.buffer.records().values() if r.state == ABORTED)
@@ -140,7 +143,7 @@ class Pipeline:
         # model update right after the step: in-flight trajectories continue one version fresher
         self._roles(p.rollout_devices, "transfer")
         await p.rollout.suspend(cfg.update_timeout_s)
-        update_s = await self._update(p.trainer.version)
+        sync = await self._update(p.trainer.version)
         p.buffer.set_version(p.trainer.version)
         await p.rollout.resume(p.trainer.version)
         if mode == "sync":
@@ -162,7 +165,9 @@ class Pipeline:
             "step_time_s": step_s,
             "get_batch_s": t_batch - t0,
             "train_s": train_s,
-            "update_s": update_s,
+            "update_s": sync["update_s"],
+            "sync_s": sync["sync_s"],
+            "sync_bytes": sync["sync_bytes"],
             "tokens_per_s": (self._tokens - tokens0) / step_s if step_s > 0 else 0.0,
             "trajectories": len(batch),
             "aborted": aborted_total - self._seen_aborted,
@@ -178,7 +183,7 @@ class Pipeline:
         if p.metrics is not None:
             p.metrics.write(rec)
         if p.checkpointer is not None and self.iteration % self.config.run.checkpoint_every == 0:
-            self.save()
+            await self.save()
         self.history.append(rec)
         return rec
 
@@ -199,12 +204,12 @@ class Pipeline:
         return out
 
     # ---------------------------------------------------------------- checkpoints
-    def save(self) -> None:
+    async def save(self) -> None:
         """Checkpoint the trainer (model, optimizer, version) and the iteration counter."""
         assert self.parts.checkpointer is not None
         with tempfile.TemporaryDirectory() as d:
             path = Path(d) / "trainer.pt"
-            self.parts.trainer.save_checkpoint(path)
+            await self.parts.trainer.save_checkpoint(str(path))
             blob = path.read_bytes()
         self.parts.checkpointer.save(self.iteration, self.parts.trainer.version, {"trainer": blob})
 
@@ -218,7 +223,7 @@ class Pipeline:
         with tempfile.TemporaryDirectory() as d:
             path = Path(d) / "trainer.pt"
             path.write_bytes(state["trainer"])
-            self.parts.trainer.load_checkpoint(path)
+            await self.parts.trainer.load_checkpoint(str(path))
         self.iteration = iteration
         self.parts.buffer.set_version(version)
         await self._update(version)

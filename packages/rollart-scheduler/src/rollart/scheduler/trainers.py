@@ -1,0 +1,161 @@
+"""The trainer as the pipeline drives it, and the weight update that follows each step (design D17).
+
+Two placements behind one async protocol: `LocalTrainer` runs the torch trainer in this process (a
+thread, so the event loop keeps serving rollouts); `ActorTrainerGroup` drives data-parallel trainer
+actors on their own devices, sending each replica its shard of the batch and getting metrics back.
+Two updaters: `LocalUpdater` moves the named tensors through rollart.sync's `LocalChannel` and the
+proxy (the embedded default); `ChannelUpdater` has the trainer's rank 0 publish into a torch_dist or
+Mooncake channel while every rollout actor receives, then tells the proxy to load the version each
+actor already holds, so no state dict passes through the driver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from rollart.scheduler.actors import ChannelWeights
+from rollart.train.batch import TrainBatch
+
+
+def split_batch(batch: TrainBatch, parts: int) -> list[TrainBatch]:
+    """Contiguous, near-equal shards of the sequences, one per data-parallel replica."""
+    n = batch.num_sequences
+    size = math.ceil(n / parts)
+    return [batch.select(slice(i * size, min(n, (i + 1) * size))) for i in range(parts)]
+
+
+class LocalTrainer:
+    """The trainer in the driver process; steps run in a thread."""
+
+    def __init__(self, trainer: Any) -> None:
+        """Wrap a TorchTrainer (or MegatronTrainer)."""
+        self.inner = trainer
+
+    @property
+    def version(self) -> int:
+        """Optimizer steps taken."""
+        return self.inner.version
+
+    async def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One step in a worker thread."""
+        return await asyncio.to_thread(self.inner.train_step, batch)
+
+    async def named_tensors(self) -> dict[str, Any]:
+        """The weights, for the local channel."""
+        return self.inner.named_tensors()
+
+    async def save_checkpoint(self, path: str) -> None:
+        """Write a checkpoint."""
+        await asyncio.to_thread(self.inner.save_checkpoint, path)
+
+    async def load_checkpoint(self, path: str) -> None:
+        """Restore from a checkpoint."""
+        await asyncio.to_thread(self.inner.load_checkpoint, path)
+
+    async def close(self) -> None:
+        """Nothing to stop."""
+
+
+class ActorTrainerGroup:
+    """Data-parallel trainer actors: shard, step together, report rank 0's metrics."""
+
+    def __init__(self, runtime: Any, handles: Sequence[Any], timeout_s: float = 600.0) -> None:
+        """`handles` are spawned TrainerActors in rank order (rank 0 publishes)."""
+        self.runtime = runtime
+        self.handles = list(handles)
+        self.timeout_s = timeout_s
+        self._version = 0
+
+    async def call(self, rank: int, method: str, *args: Any) -> Any:
+        """Call one replica with the group's deadline."""
+        return await asyncio.wait_for(self.runtime.call(self.handles[rank], method, args, {}), self.timeout_s)
+
+    async def call_all(self, method: str, *args: Any) -> list[Any]:
+        """Call every replica with the same arguments."""
+        return await asyncio.gather(*(self.call(r, method, *args) for r in range(len(self.handles))))
+
+    @property
+    def version(self) -> int:
+        """Optimizer steps taken (as reported by the last step)."""
+        return self._version
+
+    async def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """Each replica steps on its shard; gradients are summed inside the group."""
+        shards = split_batch(batch, len(self.handles))
+        results = await asyncio.gather(*(self.call(r, "train_step", s) for r, s in enumerate(shards)))
+        self._version = int(results[0]["version"])
+        return results[0]
+
+    async def publish(self, version: int, timeout: float) -> int:
+        """Rank 0 publishes `version` into its channel; returns bytes."""
+        return await self.call(0, "publish", version, timeout)
+
+    async def named_tensors(self) -> dict[str, Any]:
+        """Rank 0's weights through Ray (only for `sync.channel: local`)."""
+        return await self.call(0, "named_tensors")
+
+    async def checksums(self) -> list[dict[str, str]]:
+        """Per-tensor checksums of every replica (they must agree)."""
+        return await self.call_all("checksums")
+
+    async def save_checkpoint(self, path: str) -> None:
+        """Rank 0 writes (replicas hold identical weights)."""
+        await self.call(0, "save_checkpoint", str(path))
+
+    async def load_checkpoint(self, path: str) -> None:
+        """Every replica restores."""
+        await self.call_all("load_checkpoint", str(path))
+        self._version = int(await self.call(0, "version"))
+
+    async def close(self) -> None:
+        """Stop the replicas and remove their actors."""
+        for h in self.handles:
+            try:
+                await asyncio.wait_for(self.runtime.call(h, "stop", (), {}), 30)
+            except Exception:  # noqa: BLE001 - closing goes on
+                pass
+            await self.runtime.remove(h)
+
+
+class LocalUpdater:
+    """sync's ModelUpdateGroup over LocalChannel and the proxy: the embedded default."""
+
+    def __init__(self, group: Any) -> None:
+        """`group` is a rollart.sync ModelUpdateGroup."""
+        self.group = group
+
+    async def model_update(self, trainer: Any, version: int, timeout: float) -> dict[str, float]:
+        """Publish the trainer's tensors and load them on every active worker."""
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        named = await trainer.named_tensors()
+        await self.group.model_update(named, version, timeout=timeout)
+        nbytes = sum(t.numel() * t.element_size() for t in named.values())
+        return {"sync_s": loop.time() - t0, "sync_bytes": float(nbytes)}
+
+
+class ChannelUpdater:
+    """Trainer rank 0 publishes; every rollout actor receives; the proxy loads what each holds."""
+
+    def __init__(self, trainer: ActorTrainerGroup, rollout: Sequence[Any], proxy: Any, channel: str) -> None:
+        """`rollout` are the RayWorkerHandles of every rollout actor (active or not)."""
+        self.trainer = trainer
+        self.rollout = list(rollout)
+        self.proxy = proxy
+        self.channel = channel
+
+    async def model_update(self, trainer: Any, version: int, timeout: float) -> dict[str, float]:
+        """One update end to end; `sync_s` covers publish, transfer, verification and load."""
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        receives = [h.call("receive", version, timeout) for h in self.rollout]
+        if self.channel == "torch_dist":  # a collective: every rank at once
+            nbytes, *_ = await asyncio.wait_for(asyncio.gather(self.trainer.publish(version, timeout), *receives), timeout)
+        else:  # a store: put, then every actor gets
+            nbytes = await self.trainer.publish(version, timeout)
+            await asyncio.wait_for(asyncio.gather(*receives), timeout)
+        await self.proxy.update_weights(ChannelWeights(version), version)
+        return {"sync_s": loop.time() - t0, "sync_bytes": float(nbytes)}
