@@ -35,7 +35,7 @@ def workload(mode: str, policy: str | None) -> dict:
         "pipeline": {"mode": mode, "alpha": 0 if mode == "sync" else 1, "batch_size": 64, "group_size": 8,
                      "redundancy": 1.25},
         "time_sharing": {"policy": policy or "cost_aware", "slots_per_device": 16},
-        "cluster": {"rollout_devices": 2, "train_devices": 1},
+        "rollout": {"pools": [{"name": "rollout", "devices": 2}]},
         "tasks": [{"env": "frozenlake", "weight": 2.0, "max_turns": 8}, {"env": "math", "max_turns": 4}],
     }
 

@@ -11,7 +11,7 @@ CONFIG = """
 run: {name: cli, iterations: 2, tensorboard: false}
 pipeline: {mode: time_sharing, alpha: 1, batch_size: 8, group_size: 4}
 time_sharing: {policy: always_shrink}
-cluster: {rollout_devices: 2, train_devices: 1}
+rollout: {pools: [{name: rollout, devices: 2}]}
 tasks:
   - {env: frozenlake, max_turns: 4}
 """

@@ -31,8 +31,8 @@ def test_range_and_cross_field_errors():
         parse_config({"pipeline": {"batch_size": 10, "group_size": 4}})
     with pytest.raises(ConfigError, match="alpha must be 0 in mode 'sync'"):
         parse_config({"pipeline": {"mode": "sync", "alpha": 2}})
-    with pytest.raises(ConfigError, match=r"tasks.0.env.*'frozenlake'"):
-        parse_config({"tasks": [{"env": "chess"}]})
+    with pytest.raises(ConfigError, match=r"rollout.pools.0.engine: unknown engine 'trt'.*'torch'"):
+        parse_config({"rollout": {"pools": [{"name": "a", "engine": "trt"}]}})
     with pytest.raises(ConfigError, match="data must be of type dict"):
         parse_config(["not", "a", "mapping"])  # type: ignore[arg-type]
 

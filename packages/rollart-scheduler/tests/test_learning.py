@@ -31,7 +31,7 @@ async def test_reward_improves(tmp_path):
     cfg = parse_config({
         "run": {"seed": 0, "tensorboard": False},
         "pipeline": {"mode": "async", "alpha": 1, "batch_size": 48, "group_size": 8, "redundancy": 1.25},
-        "cluster": {"rollout_devices": 2, "train_devices": 1},
+        "rollout": {"pools": [{"name": "rollout", "devices": 2}]},
         "trainer": trainer,
         "tasks": [{"env": "frozenlake", "max_turns": 8}, {"env": "math"}],
     })

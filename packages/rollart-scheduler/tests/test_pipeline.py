@@ -17,7 +17,7 @@ def tiny_config(mode: str, **pipeline) -> dict:
         "run": {"iterations": 2, "tensorboard": False},
         "pipeline": {"mode": mode, "alpha": 0 if mode == "sync" else 1, "batch_size": 8, "group_size": 4,
                      "redundancy": 1.5, "get_batch_timeout_s": 120, **pipeline},
-        "cluster": {"rollout_devices": 2, "train_devices": 1},
+        "rollout": {"pools": [{"name": "rollout", "devices": 2}]},
         "time_sharing": {"policy": "always_shrink", "lend": 1, "slots_per_device": 8},
         "tasks": [{"env": "frozenlake", "max_turns": 4}, {"env": "math", "max_turns": 3}],
     }
@@ -52,16 +52,16 @@ async def test_resume_after_crash(tmp_path):
     pipe = await build_pipeline(cfg, tmp_path)
     real_step = pipe.parts.trainer.train_step
 
-    def crashing_step(batch):
+    async def crashing_step(batch):
         if pipe.parts.trainer.version == 2:
             raise RuntimeError("simulated crash in iteration 3")
-        return real_step(batch)
+        return await real_step(batch)
 
     pipe.parts.trainer.train_step = crashing_step
     try:
         with pytest.raises(RuntimeError, match="simulated crash"):
             await pipe.run(4)
-        weights_at_crash = pipe.parts.trainer.named_tensors()
+        weights_at_crash = await pipe.parts.trainer.named_tensors()
     finally:
         await pipe.close()
     assert [r["iteration"] for r in read_metrics(tmp_path)] == [1, 2]
@@ -70,7 +70,7 @@ async def test_resume_after_crash(tmp_path):
     try:
         assert await again.restore()
         assert again.iteration == 2 and again.parts.trainer.version == 2
-        restored = again.parts.trainer.named_tensors()
+        restored = await again.parts.trainer.named_tensors()
         assert all(torch.equal(weights_at_crash[k], restored[k]) for k in weights_at_crash)
         await again.run(4)
     finally:

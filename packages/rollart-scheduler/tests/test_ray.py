@@ -15,7 +15,7 @@ async def test_ray_workers_two_iterations(ray_cluster, tmp_path):
         "run": {"tensorboard": False},
         "pipeline": {"mode": "time_sharing", "alpha": 1, "batch_size": 8, "group_size": 4},
         "time_sharing": {"policy": "always_shrink"},
-        "cluster": {"rollout_devices": 2, "train_devices": 1, "use_ray": True, "hardware": "H800"},
+        "cluster": {"ray": "local"}, "rollout": {"pools": [{"name": "rollout", "hardware": "H800", "devices": 2}]},
         "tasks": [{"env": "frozenlake", "max_turns": 4}],
     })
     pipe = await build_pipeline(cfg, tmp_path)

@@ -154,6 +154,7 @@ class RolloutActor(Worker):
                                        hardware=context.hw, devices=context.devices)
         self._sync = SyncEndpoint()
         self._snapshots: dict[int, Any] = {}
+        self._loaded_version: int | None = None
 
     async def start(self) -> None:
         """Start the worker loop inside the actor's event loop."""
@@ -171,15 +172,17 @@ class RolloutActor(Worker):
             self._snapshots.pop(old).release()
         return int(snapshot.manifest.total_bytes)
 
-    async def checksums(self) -> dict[str, str]:
-        """SHA-256 per tensor of what the engine serves now (end-to-end checks)."""
+    async def checksums(self) -> dict[str, Any]:
+        """What this worker serves: engine version, SHA-256 per tensor of the engine's own model where it
+        exposes one (torch), and of the weights it last loaded from the channel (every engine)."""
         from rollart.scheduler.checksum import tensor_checksums
 
         engine = self._worker._engine
         model = getattr(engine, "model", None)
-        if model is None:
-            return {}
-        return tensor_checksums(model.state_dict())
+        snapshot = self._snapshots.get(self._loaded_version) if self._loaded_version is not None else None
+        return {"version": getattr(engine, "version", None), "loaded_version": self._loaded_version,
+                "engine": tensor_checksums(model.state_dict()) if model is not None else None,
+                "loaded": tensor_checksums(snapshot.tensors) if snapshot is not None else None}
 
     async def submit(self, request: EngineRequest) -> EngineOutput:
         """Forwarded to InferenceWorker.submit."""
@@ -218,6 +221,7 @@ class RolloutActor(Worker):
                                    f"held: {sorted(self._snapshots)}")
             weights = snapshot.tensors
         await self._worker.load_weights(dict(weights), version)
+        self._loaded_version = version
 
     async def restart(self) -> None:
         """Forwarded to InferenceWorker.restart."""

@@ -24,10 +24,12 @@ from rollart.train.batch import TrainSample
 class ProxyLLMClient:
     """env's `LLMClient` over `LLMProxy.generate` (token ids in, token ids + versions out)."""
 
-    def __init__(self, proxy: LLMProxy, timeout_s: float = 600.0) -> None:
-        """`timeout_s` bounds each generate call."""
+    def __init__(self, proxy: LLMProxy, timeout_s: float = 600.0,
+                 on_response: Callable[[str, tuple[str, ...]], None] | None = None) -> None:
+        """`timeout_s` bounds each generate call; `on_response(tag, worker_ids)` sees where each was served."""
         self.proxy = proxy
         self.timeout_s = timeout_s
+        self.on_response = on_response
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Translate the request, call the proxy, translate the answer."""
@@ -38,8 +40,25 @@ class ProxyLLMClient:
             GenerateRequest(tuple(request.prompt_ids), params, trajectory_id=request.trajectory_id, tag=request.tag),
             timeout_s=self.timeout_s,
         )
+        if self.on_response is not None:
+            self.on_response(request.tag, tuple(resp.worker_ids))
         reason = resp.finish_reason if resp.finish_reason in ("stop", "length", "abort") else "abort"
         return GenerationResult(list(resp.token_ids), list(resp.logprobs), list(resp.token_versions), reason)
+
+
+class RoutingLog:
+    """Requests served per tag and hardware type: the evidence that affinity routing held."""
+
+    def __init__(self, hardware_of: dict[str, str]) -> None:
+        """`hardware_of` maps a worker id to its hardware type."""
+        self.hardware_of = dict(hardware_of)
+        self.counts: dict[str, dict[str, int]] = {}
+
+    def record(self, tag: str, worker_ids: tuple[str, ...]) -> None:
+        """Count one response of `tag` on each hardware type that served part of it."""
+        per_tag = self.counts.setdefault(tag, {})
+        for hw in {self.hardware_of.get(w, "?") for w in worker_ids}:
+            per_tag[hw] = per_tag.get(hw, 0) + 1
 
 
 class ProxyWeightLoader:

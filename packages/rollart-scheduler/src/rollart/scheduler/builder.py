@@ -26,7 +26,7 @@ from rollart.env.retry import RetryPolicy
 from rollart.proxy.proxy import LLMProxy
 from rollart.proxy.routing import AffinityRouter
 from rollart.proxy.worker import InferenceWorker
-from rollart.scheduler.adapters import ProxyElasticPool, ProxyLLMClient, ProxyWeightLoader
+from rollart.scheduler.adapters import ProxyElasticPool, ProxyLLMClient, ProxyWeightLoader, RoutingLog
 from rollart.scheduler.buffer import SampleBuffer
 from rollart.scheduler.checkpoint import Checkpointer
 from rollart.scheduler.config import RunConfig, TaskSection
@@ -209,7 +209,8 @@ def with_system_prompt(builder: Any, system_prompt: str) -> Any:
     return _SystemPrompt(builder, system_prompt) if system_prompt else builder
 
 
-def build_envs(config: RunConfig, parts: list[TaskParts], proxy: LLMProxy, sink: Any) -> tuple[list[list[EnvManager]], list[str]]:
+def build_envs(config: RunConfig, parts: list[TaskParts], proxy: LLMProxy, sink: Any,
+               routing_log: RoutingLog | None = None) -> tuple[list[list[EnvManager]], list[str]]:
     """Group slots of EnvManagers (one env each), each slot one task, its managers tagged for routing."""
     pcfg = config.pipeline
     keys = task_keys(config)
@@ -220,7 +221,8 @@ def build_envs(config: RunConfig, parts: list[TaskParts], proxy: LLMProxy, sink:
         ecfg = EnvManagerConfig(max_turns=task.max_turns, max_tokens_per_turn=task.max_tokens,
                                 sampling=SamplingParams(temperature=task.temperature),
                                 llm_policy=RetryPolicy(timeout_s=pcfg.get_batch_timeout_s), seed=config.run.seed + i)
-        slots.append([EnvManager(tp.env_factory, ProxyLLMClient(proxy, timeout_s=pcfg.get_batch_timeout_s),
+        slots.append([EnvManager(tp.env_factory, ProxyLLMClient(proxy, timeout_s=pcfg.get_batch_timeout_s,
+                                                on_response=routing_log.record if routing_log else None),
                                  with_system_prompt(tp.prompts_factory(), task.system_prompt), sink.for_task(keys[index], tp.scorer), ecfg,
                                  name=f"{keys[index]}-{i}-{j}", tag=task.tag)
                       for j in range(pcfg.group_size)])
@@ -275,7 +277,8 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
     balanced = sorted(set(keys)) if pcfg.balance_tasks and len(set(keys)) > 1 else []
     buffer = SampleBuffer(alpha=pcfg.alpha, group_size=pcfg.group_size, tasks=balanced)
     sink = ScoringSink(buffer)
-    slots, names = build_envs(config, parts, proxy, sink)
+    routing_log = RoutingLog({w.worker_id: w.hardware for w in workers})
+    slots, names = build_envs(config, parts, proxy, sink, routing_log)
     rollout = RolloutScheduler(slots, names, buffer, proxy, carry_over=pcfg.mode != "one_off", seed=config.run.seed)
     rollout_devices = [d for w in workers for d in w.devices]
     train_devices = list(placement.trainer)
@@ -295,9 +298,8 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
                                    timeline=timeline, metrics=MetricsWriter(run_dir, tensorboard=use_tb),
                                    checkpointer=Checkpointer(run_dir / "checkpoints"),
                                    pad_token_id=model.pad_token_id(tokenizer),
-                                   closers=[sink.aclose, proxy.close, trainer.close, *closers])
+                                   closers=[sink.aclose, proxy.close, trainer.close, *closers],
+                                   proxy=proxy, workers=list(workers), placement=placement, routing_log=routing_log)
     pipeline = Pipeline(config, pipeline_parts)
     sink.observe(pipeline.on_trajectory)
-    pipeline.proxy = proxy
-    pipeline.placement = placement
     return pipeline

@@ -70,6 +70,10 @@ class PipelineParts:
     checkpointer: Checkpointer | None = None
     pad_token_id: int = 0
     closers: list[Callable[[], Any]] = field(default_factory=list)
+    proxy: Any = None  # the LLMProxy (inspection: routing, versions)
+    workers: list[Any] = field(default_factory=list)  # rollout WorkerHandles in proxy rank order
+    placement: Any = None  # builder.Placement: ledger devices of each pool and the trainer
+    routing_log: Any = None  # adapters.RoutingLog: requests per tag and hardware
 
 
 class Pipeline:
@@ -84,12 +88,14 @@ class Pipeline:
         self._published = parts.trainer.version
         self._tokens = 0
         self._seen_aborted = 0
+        self.seen_trajectories = 0  # every trajectory the sink handed to the buffer
         self.history: list[dict[str, Any]] = []
 
     # ---------------------------------------------------------------- helpers
     def on_trajectory(self, traj: Trajectory) -> None:
         """Sink hook: count generated tokens (tokens/s counts every trajectory, kept or not)."""
         self._tokens += traj.num_response_tokens()
+        self.seen_trajectories += 1
 
     def _roles(self, devices: list[int], role: str) -> None:
         if self.parts.timeline is not None and devices:

@@ -186,7 +186,7 @@ class TorchTrainer:
         size = self.config.micro_batch_size
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
-        for start in range(0, num_sequences, size):
+        for start in range(0, batch.num_sequences, size):
             micro = _trim_padding(batch.select(slice(start, start + size)))
             logits = self.forward_logits(micro.input_ids, micro.attention_mask)
             loss, parts = policy_loss(logits, micro, self.config.loss, num_tokens, num_sequences)
