@@ -47,7 +47,14 @@ def init_ray(config: RunConfig) -> bool:
         ray.init(num_gpus=gpus, resources={hw: float(n) for hw, n in inventory.items() if hw != "CPU"},
                  _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
     else:
-        ray.init(address=config.cluster.ray, log_to_driver=False)
+        try:
+            ray.init(address=config.cluster.ray, log_to_driver=False)
+        except ConnectionError as err:
+            cause = f": {err.__cause__}" if err.__cause__ else ""
+            hint = ("; the cluster uses token authentication: set RAY_AUTH_MODE=token (the token comes from "
+                    "RAY_AUTH_TOKEN or ~/.ray/auth_token)") if "auth" in str(err.__cause__).lower() else ""
+            raise ConfigError(f"cluster.ray: cannot connect to {config.cluster.ray!r}{cause.splitlines()[0] if cause else ''}"
+                              f"{hint}") from None
     return True
 
 
@@ -121,8 +128,12 @@ def run(
         typer.echo(str(err), err=True)
         raise typer.Exit(code=2) from None
     out = Path(run_dir) if run_dir else default_run_dir(cfg)
-    init_ray(cfg)
-    asyncio.run(run_pipeline(cfg, out, iterations or cfg.run.iterations, base_dir=Path(config).parent))
+    try:
+        init_ray(cfg)
+        asyncio.run(run_pipeline(cfg, out, iterations or cfg.run.iterations, base_dir=Path(config).parent))
+    except ConfigError as err:  # a name or a capacity problem found before anything started
+        typer.echo(str(err), err=True)
+        raise typer.Exit(code=2) from None
 
 
 @app.command()
