@@ -14,13 +14,16 @@ from rollart.env.manager import EnvManager, EnvManagerConfig
 from rollart.proxy.proxy import LLMProxy
 from rollart.proxy.torch_engine import TorchEngine
 from rollart.proxy.worker import InferenceWorker
-from rollart.scheduler.adapters import ProxyLLMClient, ProxyWeightLoader, RewardingSink
+from rollart.scheduler.adapters import ProxyLLMClient, ProxyWeightLoader
 from rollart.scheduler.buffer import SampleBuffer
 from rollart.scheduler.config import parse_config
 from rollart.scheduler.metrics import MetricsWriter
 from rollart.scheduler.pipeline import Pipeline, PipelineParts
 from rollart.scheduler.rollout import RolloutScheduler
+from rollart.scheduler.sinks import ScoringSink
+from rollart.scheduler.task_factory import as_scorer
 from rollart.scheduler.tasks import FROZEN_LAKE_MAP, VOCAB, FrozenLakePrompts, build_demo_tokenizer, frozen_lake_reward
+from rollart.scheduler.trainers import LocalTrainer, LocalUpdater
 from rollart.sync.local import LocalChannel
 from rollart.sync.model_update import ModelUpdateGroup
 from rollart.train import TorchTrainer, TrainerConfig, build_causal_lm, tiny_llama_config
@@ -41,13 +44,14 @@ async def main(iterations: int) -> None:
     proxy = LLMProxy(workers)
 
     # 2. trainer and weight sync (same seed: version 0 needs no transfer)
-    trainer = TorchTrainer(build_causal_lm(model_cfg, seed=0), TrainerConfig(lr=3e-3, micro_batch_size=64,
-                                                                          loss=LossConfig(entropy_coef=0.01)))
-    updater = ModelUpdateGroup(LocalChannel(), [ProxyWeightLoader(proxy)])
+    trainer = LocalTrainer(TorchTrainer(build_causal_lm(model_cfg, seed=0), TrainerConfig(lr=3e-3, micro_batch_size=64,
+                                                                          loss=LossConfig(entropy_coef=0.01))))
+    updater = LocalUpdater(ModelUpdateGroup(LocalChannel(), [ProxyWeightLoader(proxy)]))
 
     # 3. environments: 10 GRPO groups of 8 EnvManagers each (redundancy 1.25 over 8 groups per batch)
     buffer = SampleBuffer(alpha=1, group_size=8)
-    sink = RewardingSink(buffer, frozen_lake_reward)
+    scoring = ScoringSink(buffer)  # scores each finished trajectory, then buffers it
+    sink = scoring.for_task("frozenlake", as_scorer(frozen_lake_reward))
     def env():
         return FrozenLakeEnv(desc=FROZEN_LAKE_MAP, is_slippery=False, max_episode_steps=8)
     slots = [[EnvManager(env, ProxyLLMClient(proxy), FrozenLakePrompts(tokenizer), sink,
@@ -58,8 +62,9 @@ async def main(iterations: int) -> None:
     # 4. the loop: get_batch -> train_step -> suspend -> model_update -> resume (design D12)
     run_dir = tempfile.mkdtemp(prefix="frozenlake-")
     parts = PipelineParts(buffer=buffer, rollout=rollout, trainer=trainer, updater=updater, rollout_devices=[0, 1],
-                          train_devices=[2], metrics=MetricsWriter(run_dir, tensorboard=False), closers=[proxy.close])
+                          train_devices=[2], metrics=MetricsWriter(run_dir, tensorboard=False), closers=[scoring.aclose, proxy.close])
     pipeline = Pipeline(config, parts)
+    scoring.observe(pipeline.on_trajectory)  # tokens/s and trajectory counts
     try:
         for rec in await pipeline.run(iterations):
             print(f"iter {rec['iteration']:3d}  reward {rec['reward_mean']:+.3f}  success {rec['success_rate']:.2f}")

@@ -15,14 +15,17 @@ from rollart.env.manager import EnvManager, EnvManagerConfig
 from rollart.proxy.proxy import LLMProxy
 from rollart.proxy.torch_engine import TorchEngine
 from rollart.proxy.worker import InferenceWorker
-from rollart.scheduler.adapters import ProxyElasticPool, ProxyLLMClient, ProxyWeightLoader, RewardingSink
+from rollart.scheduler.adapters import ProxyElasticPool, ProxyLLMClient, ProxyWeightLoader
 from rollart.scheduler.buffer import SampleBuffer
 from rollart.scheduler.config import parse_config
 from rollart.scheduler.metrics import MetricsWriter
 from rollart.scheduler.pipeline import Pipeline, PipelineParts
 from rollart.scheduler.rollout import RolloutScheduler
+from rollart.scheduler.sinks import ScoringSink
+from rollart.scheduler.task_factory import as_scorer
 from rollart.scheduler.tasks import VOCAB, MathToolPrompts, build_demo_tokenizer, math_reward
 from rollart.scheduler.timesharing import CostAwarePolicy, TimeSharingController
+from rollart.scheduler.trainers import LocalTrainer, LocalUpdater
 from rollart.sync.local import LocalChannel
 from rollart.sync.model_update import ModelUpdateGroup
 from rollart.train import TorchTrainer, TrainerConfig, build_causal_lm, tiny_llama_config
@@ -37,11 +40,12 @@ async def main(iterations: int) -> None:
     for w in workers:
         await w.start()
     proxy = LLMProxy(workers)
-    trainer = TorchTrainer(build_causal_lm(model_cfg, seed=0), TrainerConfig(lr=3e-3, micro_batch_size=32))
-    updater = ModelUpdateGroup(LocalChannel(), [ProxyWeightLoader(proxy)])
+    trainer = LocalTrainer(TorchTrainer(build_causal_lm(model_cfg, seed=0), TrainerConfig(lr=3e-3, micro_batch_size=32)))
+    updater = LocalUpdater(ModelUpdateGroup(LocalChannel(), [ProxyWeightLoader(proxy)]))
 
     buffer = SampleBuffer(alpha=1, group_size=8)
-    sink = RewardingSink(buffer, math_reward)
+    scoring = ScoringSink(buffer)  # scores each finished trajectory, then buffers it
+    sink = scoring.for_task("math", as_scorer(math_reward))
     slots = [[EnvManager(lambda: MathCalcEnv(max_tool_calls=2), ProxyLLMClient(proxy), MathToolPrompts(tokenizer),
                          sink, EnvManagerConfig(max_turns=4, max_tokens_per_turn=1), name=f"math-{g}-{m}")
               for m in range(8)] for g in range(5)]
@@ -53,8 +57,9 @@ async def main(iterations: int) -> None:
     run_dir = tempfile.mkdtemp(prefix="math-")
     parts = PipelineParts(buffer=buffer, rollout=rollout, trainer=trainer, updater=updater, rollout_devices=[0, 1, 2],
                           train_devices=[3], controller=controller, metrics=MetricsWriter(run_dir, tensorboard=False),
-                          closers=[proxy.close])
+                          closers=[scoring.aclose, proxy.close])
     pipeline = Pipeline(config, parts)
+    scoring.observe(pipeline.on_trajectory)  # tokens/s and trajectory counts
     try:
         for rec in await pipeline.run(iterations):
             print(f"iter {rec['iteration']:3d}  reward {rec['reward_mean']:.3f}  lent {rec['lent_devices']}  "

@@ -16,7 +16,6 @@ from rollart.env.trajectory import Trajectory
 from rollart.proxy.proxy import LLMProxy
 from rollart.proxy.types import GenerateRequest
 from rollart.proxy.types import SamplingParams as ProxySampling
-from rollart.scheduler.buffer import SampleBuffer
 from rollart.scheduler.timesharing import SwitchCost
 from rollart.train.batch import TrainSample
 
@@ -115,25 +114,6 @@ class ProxyElasticPool:
             await self.ledger.expand("train", "rollout", devices, timeout=self.timeout_s)
         await self.proxy.expand(sorted({self._device_rank[d] for d in devices}))
         return SwitchCost(reload_s=loop.time() - t0)
-
-
-class RewardingSink:
-    """env's `TrajectorySink`: score a finished trajectory with its task's reward, then buffer it."""
-
-    def __init__(self, buffer: SampleBuffer, reward_fn: Callable[[Trajectory], float],
-                 on_put: Callable[[Trajectory], None] | None = None) -> None:
-        """`on_put` observes every trajectory (the rollout scheduler's accounting)."""
-        self.buffer = buffer
-        self.reward_fn = reward_fn
-        self.on_put = on_put
-
-    def put_nowait(self, trajectory: Trajectory) -> None:
-        """Never blocks: rewards here are cheap rules; a reward service would be awaited elsewhere."""
-        if trajectory.status == "finished" and trajectory.reward is None:
-            trajectory.reward = float(self.reward_fn(trajectory))
-        if self.on_put is not None:
-            self.on_put(trajectory)
-        self.buffer.put_nowait(trajectory)
 
 
 def trajectories_to_samples(batch: Sequence[Trajectory]) -> list[TrainSample]:

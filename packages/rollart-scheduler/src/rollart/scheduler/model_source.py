@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollart.scheduler.config import RunConfig
+from rollart.scheduler.errors import SchedulerError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -23,6 +24,14 @@ class ModelSpec:
     dtype: str = "float32"
     tiny: dict[str, int] = field(default_factory=dict)
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        """Refuse a dtype no part can load."""
+        # VAL: VAL_ONE_OF(self.dtype, choices=DTYPE_BYTES, exc=SchedulerError)
+        # >>> generated VAL_ONE_OF #bc7c43656d (edit the annotation, not this block)
+        if self.dtype not in DTYPE_BYTES:
+            raise SchedulerError(f"self.dtype must be one of {sorted(DTYPE_BYTES, key=repr)!r}, got {self.dtype!r}")
+        # <<< generated
 
     @classmethod
     def from_config(cls, config: RunConfig) -> ModelSpec:

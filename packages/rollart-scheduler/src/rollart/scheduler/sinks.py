@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rollart.env.trajectory import Trajectory, TrajectoryStatus
+from rollart.scheduler.errors import SchedulerError
 
 Scorer = Callable[[Trajectory], Awaitable[float]]
 
@@ -30,6 +31,11 @@ class ScoringSink:
 
     def __init__(self, buffer: Any, deadline_s: float = 120.0) -> None:
         """`deadline_s` bounds one score; past it the trajectory fails with reason `reward_timeout`."""
+        # VAL: VAL_TIMEOUT(deadline_s, exc=SchedulerError)
+        # >>> generated VAL_TIMEOUT #2cc288b3a5 (edit the annotation, not this block)
+        if isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float)) or not (deadline_s - deadline_s == 0) or not deadline_s > 0:
+            raise SchedulerError(f"deadline_s must be a finite timeout > 0 seconds, got {deadline_s!r}")
+        # <<< generated
         self.buffer = buffer
         self.deadline_s = deadline_s
         self._observers: list[Callable[[Trajectory], None]] = []
