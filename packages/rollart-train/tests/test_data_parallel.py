@@ -10,7 +10,14 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rollart.train import TorchTrainer, TrainerConfig, TrainSample, build_causal_lm, build_train_batch, tiny_llama_config
+from rollart.train import (
+    TorchTrainer,
+    TrainerConfig,
+    TrainSample,
+    build_causal_lm,
+    build_train_batch,
+    tiny_llama_config,
+)
 
 
 def _batch(n: int = 7) -> object:

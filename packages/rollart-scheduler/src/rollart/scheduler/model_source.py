@@ -67,7 +67,7 @@ class ModelSpec:
         if self.path is not None:
             from transformers import AutoModelForCausalLM
 
-            return AutoModelForCausalLM.from_pretrained(self.path, torch_dtype=dtype)
+            return AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype)
         from rollart.train.models import build_causal_lm
 
         return build_causal_lm(self.hf_config(), seed=self.seed).to(dtype)
