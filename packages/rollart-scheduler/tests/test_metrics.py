@@ -12,7 +12,7 @@ from rollart.scheduler.metrics import MetricsWriter, RoleTimeline, read_metrics
 from rollart.scheduler.timeline import plot_timeline
 
 RECORD = {"iteration": 1, "version": 1, "reward_mean": 0.5, "step_time_s": 1.0, "tokens_per_s": 10.0,
-          "trajectories": 8, "aborted": 0, "switch_cost_s": 0.0}
+          "trajectories": 8, "aborted": 0, "switch_cost_s": 0.0, "sync_s": 0.01, "sync_bytes": 1024}
 
 
 def test_metrics_and_timeline(tmp_path):

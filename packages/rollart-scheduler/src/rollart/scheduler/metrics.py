@@ -16,7 +16,8 @@ from typing import Any
 from rollart.scheduler.errors import SchedulerError
 
 REQUIRED_KEYS = frozenset(
-    {"iteration", "version", "reward_mean", "step_time_s", "tokens_per_s", "trajectories", "aborted", "switch_cost_s"}
+    {"iteration", "version", "reward_mean", "step_time_s", "tokens_per_s", "trajectories", "aborted", "switch_cost_s",
+     "sync_s", "sync_bytes"}
 )
 ROLES = ("rollout", "train", "idle", "transfer")
 
