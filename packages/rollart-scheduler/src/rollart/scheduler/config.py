@@ -265,7 +265,6 @@ def check_composition(config: RunConfig) -> None:
     a ConfigError line).
     """
     from rollart.resource.hardware import BUILTIN_HARDWARE
-
     from rollart.scheduler.registry import is_import_path, known_names
 
     hardware = sorted(BUILTIN_HARDWARE)
