@@ -281,6 +281,10 @@ def make_plan(config: RunConfig, base_dir: Path | None = None, tokenizer: Any = 
                 tasks, required_devices(config), config.cluster.ray, warnings)
 
 
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M" if n >= 1e6 else f"{n:,}"
+
+
 def _gb(n: int) -> str:
     return f"{n / GB:.2f}" if n >= 0.01 * GB else f"{n / 1e6:.2f} MB"
 
@@ -288,7 +292,7 @@ def _gb(n: int) -> str:
 def render_plan(plan: Plan, console: Console) -> None:
     """Print the plan as rich tables: model, pools, trainer, sync, routing, tasks, warnings, assumptions."""
     m = plan.model
-    console.print(f"[bold]model[/bold] {m.source}: {plan.params / 1e9:.3f} B params ({plan.params:,}), {m.dtype}, {m.num_layers} layers, "
+    console.print(f"[bold]model[/bold] {m.source}: {_count(plan.params)} params, {m.dtype}, {m.num_layers} layers, "
                   f"{m.num_heads} heads / {m.num_kv_heads} KV heads x {m.head_dim}, KV {kv_bytes_per_token(m)} B/token")
     console.print(f"[bold]cluster[/bold] ray: {plan.cluster}; devices needed: "
                   + ", ".join(f"{hw} x {n}" for hw, n in sorted(plan.devices.items())))
