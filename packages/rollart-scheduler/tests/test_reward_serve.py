@@ -17,8 +17,6 @@ from typer.testing import CliRunner
 
 from rollart.env.trajectory import Trajectory, TrajectoryStatus
 from rollart.reward.client import RewardClient
-from rollart.reward.errors import RewardError
-from rollart.reward.function_service import FunctionReward, load_reward
 from rollart.scheduler.cli import app
 from rollart.scheduler.config import parse_config
 from rollart.scheduler.task_factory import build_task
@@ -110,17 +108,3 @@ def test_serve_refuses_bad_input_before_binding(monkeypatch):
     assert res.exit_code == 2 and "has no attribute 'no_such_reward'" in res.output
     res = runner.invoke(app, ["reward", "serve", "no_such_module_q:fn"])
     assert res.exit_code == 2 and "No module named 'no_such_module_q'" in res.output
-
-
-def test_function_reward_wraps_functions_and_reward_fns():
-    async def slow(t):
-        await asyncio.sleep(0)
-        return 0.5
-
-    assert asyncio.run(FunctionReward("s", slow).score(_traj("x", True))).score == 0.5
-    with pytest.raises(RewardError, match="non-finite"):
-        asyncio.run(FunctionReward("n", lambda t: float("nan")).score(_traj("x", True)))
-    fn = load_reward("rollart.reward.rules:EnvSuccessReward", "ok")
-    assert fn.name == "ok" and asyncio.run(fn.score(_traj("x", True))).score == 1.0
-    fn = load_reward(str(ROOT / "examples/user_env.py") + ":guess_reward")
-    assert fn.name == "guess_reward"
