@@ -162,3 +162,14 @@ def test_an_override_reads_back_as_its_yaml_value(keys, value):
     for k in keys:
         node = node[k]
     assert node == value
+
+
+def test_version_and_run_overrides_fail_before_anything_starts():
+    from importlib.metadata import version
+
+    res = CliRunner().invoke(app, ["--version"])
+    assert res.exit_code == 0 and res.output.strip() == f"rollart {version('rollart-scheduler')}"
+    res = CliRunner().invoke(app, ["run", str(CONFIGS / "two_pools_affinity.yaml"), "--set", "pipeline.mode=turbo"])
+    assert res.exit_code == 2 and _one_line_error(res.output).startswith("pipeline.mode: Input should be")
+    res = CliRunner().invoke(app, ["run", str(CONFIGS / "two_pools_affinity.yaml"), "--set", "oops"])
+    assert res.exit_code == 2 and "--set takes dotted.key=value" in _one_line_error(res.output)
