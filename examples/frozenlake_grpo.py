@@ -20,7 +20,7 @@ from rollart.scheduler.config import parse_config
 from rollart.scheduler.metrics import MetricsWriter
 from rollart.scheduler.pipeline import Pipeline, PipelineParts
 from rollart.scheduler.rollout import RolloutScheduler
-from rollart.scheduler.sinks import ScoringSink
+from rollart.scheduler.scoring import ScoringSink
 from rollart.scheduler.task_factory import as_scorer
 from rollart.scheduler.tasks import FROZEN_LAKE_MAP, VOCAB, FrozenLakePrompts, build_demo_tokenizer, frozen_lake_reward
 from rollart.scheduler.trainers import LocalTrainer, LocalUpdater
@@ -50,8 +50,8 @@ async def main(iterations: int) -> None:
 
     # 3. environments: 10 GRPO groups of 8 EnvManagers each (redundancy 1.25 over 8 groups per batch)
     buffer = SampleBuffer(alpha=1, group_size=8)
-    scoring = ScoringSink(buffer)  # scores each finished trajectory, then buffers it
-    sink = scoring.for_task("frozenlake", as_scorer(frozen_lake_reward))
+    seen: list = []  # the pipeline's trajectory hook (tokens/s), set below
+    sink = ScoringSink(buffer, as_scorer(frozen_lake_reward), on_put=lambda t: [f(t) for f in seen])  # score, then buffer
     def env():
         return FrozenLakeEnv(desc=FROZEN_LAKE_MAP, is_slippery=False, max_episode_steps=8)
     slots = [[EnvManager(env, ProxyLLMClient(proxy), FrozenLakePrompts(tokenizer), sink,
@@ -62,9 +62,9 @@ async def main(iterations: int) -> None:
     # 4. the loop: get_batch -> train_step -> suspend -> model_update -> resume (design D12)
     run_dir = tempfile.mkdtemp(prefix="frozenlake-")
     parts = PipelineParts(buffer=buffer, rollout=rollout, trainer=trainer, updater=updater, rollout_devices=[0, 1],
-                          train_devices=[2], metrics=MetricsWriter(run_dir, tensorboard=False), closers=[scoring.aclose, proxy.close])
+                          train_devices=[2], metrics=MetricsWriter(run_dir, tensorboard=False), closers=[sink.aclose, proxy.close])
     pipeline = Pipeline(config, parts)
-    scoring.observe(pipeline.on_trajectory)  # tokens/s and trajectory counts
+    seen.append(pipeline.on_trajectory)
     try:
         for rec in await pipeline.run(iterations):
             print(f"iter {rec['iteration']:3d}  reward {rec['reward_mean']:+.3f}  success {rec['success_rate']:.2f}")

@@ -21,7 +21,7 @@ from rollart.scheduler.config import parse_config
 from rollart.scheduler.metrics import MetricsWriter
 from rollart.scheduler.pipeline import Pipeline, PipelineParts
 from rollart.scheduler.rollout import RolloutScheduler
-from rollart.scheduler.sinks import ScoringSink
+from rollart.scheduler.scoring import ScoringSink
 from rollart.scheduler.task_factory import as_scorer
 from rollart.scheduler.tasks import VOCAB, MathToolPrompts, build_demo_tokenizer, math_reward
 from rollart.scheduler.timesharing import CostAwarePolicy, TimeSharingController
@@ -44,8 +44,8 @@ async def main(iterations: int) -> None:
     updater = LocalUpdater(ModelUpdateGroup(LocalChannel(), [ProxyWeightLoader(proxy)]))
 
     buffer = SampleBuffer(alpha=1, group_size=8)
-    scoring = ScoringSink(buffer)  # scores each finished trajectory, then buffers it
-    sink = scoring.for_task("math", as_scorer(math_reward))
+    seen: list = []  # the pipeline's trajectory hook (tokens/s), set below
+    sink = ScoringSink(buffer, as_scorer(math_reward), on_put=lambda t: [f(t) for f in seen])  # score, then buffer
     slots = [[EnvManager(lambda: MathCalcEnv(max_tool_calls=2), ProxyLLMClient(proxy), MathToolPrompts(tokenizer),
                          sink, EnvManagerConfig(max_turns=4, max_tokens_per_turn=1), name=f"math-{g}-{m}")
               for m in range(8)] for g in range(5)]
@@ -57,9 +57,9 @@ async def main(iterations: int) -> None:
     run_dir = tempfile.mkdtemp(prefix="math-")
     parts = PipelineParts(buffer=buffer, rollout=rollout, trainer=trainer, updater=updater, rollout_devices=[0, 1, 2],
                           train_devices=[3], controller=controller, metrics=MetricsWriter(run_dir, tensorboard=False),
-                          closers=[scoring.aclose, proxy.close])
+                          closers=[sink.aclose, proxy.close])
     pipeline = Pipeline(config, parts)
-    scoring.observe(pipeline.on_trajectory)  # tokens/s and trajectory counts
+    seen.append(pipeline.on_trajectory)
     try:
         for rec in await pipeline.run(iterations):
             print(f"iter {rec['iteration']:3d}  reward {rec['reward_mean']:.3f}  lent {rec['lent_devices']}  "

@@ -36,7 +36,7 @@ from rollart.scheduler.metrics import MetricsWriter, RoleTimeline
 from rollart.scheduler.model_source import ModelSpec
 from rollart.scheduler.pipeline import Pipeline, PipelineParts
 from rollart.scheduler.rollout import RolloutScheduler
-from rollart.scheduler.sinks import ScoringSink
+from rollart.scheduler.scoring import ScoringSink
 from rollart.scheduler.task_factory import TaskParts, build_task
 from rollart.scheduler.timesharing import AlwaysShrinkPolicy, CostAwarePolicy, TimeSharingController
 from rollart.scheduler.trainers import ActorTrainerGroup, ChannelUpdater, LocalTrainer, LocalUpdater
@@ -209,7 +209,7 @@ def with_system_prompt(builder: Any, system_prompt: str) -> Any:
     return _SystemPrompt(builder, system_prompt) if system_prompt else builder
 
 
-def build_envs(config: RunConfig, parts: list[TaskParts], proxy: LLMProxy, sink: Any,
+def build_envs(config: RunConfig, parts: list[TaskParts], proxy: LLMProxy, sinks: list[Any],
                routing_log: RoutingLog | None = None) -> tuple[list[list[EnvManager]], list[str]]:
     """Group slots of EnvManagers (one env each), each slot one task, its managers tagged for routing."""
     pcfg = config.pipeline
@@ -223,7 +223,7 @@ def build_envs(config: RunConfig, parts: list[TaskParts], proxy: LLMProxy, sink:
                                 llm_policy=RetryPolicy(timeout_s=pcfg.get_batch_timeout_s), seed=config.run.seed + i)
         slots.append([EnvManager(tp.env_factory, ProxyLLMClient(proxy, timeout_s=pcfg.get_batch_timeout_s,
                                                 on_response=routing_log.record if routing_log else None),
-                                 with_system_prompt(tp.prompts_factory(), task.system_prompt), sink.for_task(keys[index], tp.scorer), ecfg,
+                                 with_system_prompt(tp.prompts_factory(), task.system_prompt), sinks[index], ecfg,
                                  name=f"{keys[index]}-{i}-{j}", tag=task.tag)
                       for j in range(pcfg.group_size)])
         names.append(keys[index])
@@ -276,9 +276,17 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
     keys = task_keys(config)
     balanced = sorted(set(keys)) if pcfg.balance_tasks and len(set(keys)) > 1 else []
     buffer = SampleBuffer(alpha=pcfg.alpha, group_size=pcfg.group_size, tasks=balanced)
-    sink = ScoringSink(buffer)
+    observers: list[Any] = []  # the pipeline's trajectory hook, set once it exists
+
+    def on_put(trajectory: Any) -> None:
+        for observe in observers:
+            observe(trajectory)
+
+    # a service reward has its own deadline; the sink's is a little longer so the client's error names it
+    sinks = [ScoringSink(buffer, tp.scorer, on_put=on_put, deadline_s=getattr(t.reward, "deadline_s", 55.0) + 5.0)
+             for t, tp in zip(config.tasks, parts)]
     routing_log = RoutingLog({w.worker_id: w.hardware for w in workers})
-    slots, names = build_envs(config, parts, proxy, sink, routing_log)
+    slots, names = build_envs(config, parts, proxy, sinks, routing_log)
     rollout = RolloutScheduler(slots, names, buffer, proxy, carry_over=pcfg.mode != "one_off", seed=config.run.seed)
     rollout_devices = [d for w in workers for d in w.devices]
     train_devices = list(placement.trainer)
@@ -298,8 +306,8 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
                                    timeline=timeline, metrics=MetricsWriter(run_dir, tensorboard=use_tb),
                                    checkpointer=Checkpointer(run_dir / "checkpoints"),
                                    pad_token_id=model.pad_token_id(tokenizer),
-                                   closers=[sink.aclose, proxy.close, trainer.close, *closers],
+                                   closers=[*(s.aclose for s in sinks), proxy.close, trainer.close, *closers],
                                    proxy=proxy, workers=list(workers), placement=placement, routing_log=routing_log)
     pipeline = Pipeline(config, pipeline_parts)
-    sink.observe(pipeline.on_trajectory)
+    observers.append(pipeline.on_trajectory)
     return pipeline

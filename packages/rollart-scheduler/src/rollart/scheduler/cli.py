@@ -1,4 +1,4 @@
-"""The `rollart` command: `rollart run CONFIG` and `rollart timeline RUN_DIR -o timeline.png`.
+"""The `rollart` command: `run`, `plan`, `timeline`, `reward serve`, `--version`.
 
 Why typer + rich: typed options with help for free, and a live line that shows what an operator
 watches in an RL run (trajectories done, tokens/s, reward, weight version, what each GPU does).
@@ -16,11 +16,31 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rollart.scheduler.config import RunConfig, load_config
+from rollart.scheduler.config import RunConfig
 from rollart.scheduler.errors import ConfigError, SchedulerError
+from rollart.scheduler.overrides import load_config_with
 from rollart.scheduler.timeline import plot_timeline
 
 app = typer.Typer(add_completion=False, help="RollArt: agentic RL on disaggregated hardware.")
+reward_app = typer.Typer(add_completion=False, help="Reward-as-a-Service.")
+app.add_typer(reward_app, name="reward")
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+SET_HELP = "override a config field: dotted.key=value (YAML value; list items by index), repeatable"
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"rollart {version('rollart-scheduler')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="print the version and exit"),
+) -> None:
+    """RollArt: agentic RL on disaggregated hardware."""
 ROLE_CHAR = {"rollout": "R", "train": "T", "idle": ".", "transfer": "~"}
 
 
@@ -120,10 +140,11 @@ def run(
     config: Path = typer.Argument(..., help="YAML run config"),
     run_dir: Path | None = typer.Option(None, "--run-dir", help="default: runs/<name>-<timestamp>"),
     iterations: int | None = typer.Option(None, "--iterations", "-n", help="override run.iterations"),
+    sets: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
     """`rollart run CONFIG`: build the pipeline from YAML and run it with a rich progress display."""
     try:
-        cfg = load_config(config)
+        cfg = load_config_with(config, sets)
     except ConfigError as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(code=2) from None
@@ -148,6 +169,57 @@ def timeline(
         typer.echo(str(err), err=True)
         raise typer.Exit(code=2) from None
     typer.echo(str(path))
+
+
+@app.command()
+def plan(
+    config: Path = typer.Argument(..., help="YAML run config"),
+    sets: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """`rollart plan CONFIG`: validate, resolve every name and print the placement and memory estimate; starts nothing."""
+    from rollart.scheduler.plan import make_plan, render_plan
+
+    try:
+        cfg = load_config_with(config, sets)
+        laid_out = make_plan(cfg, base_dir=Path(config).resolve().parent)
+    except ConfigError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(code=2) from None
+    render_plan(laid_out, Console(width=160))
+
+
+@reward_app.command("serve")
+def reward_serve(
+    spec: str = typer.Argument(..., help="the reward: package.module:function or path/to/file.py:function"),
+    name: str | None = typer.Option(None, "--name", help="the reward's name at /v1/score (default: the function name)"),
+    host: str | None = typer.Option(None, "--host", help="bind address (default 127.0.0.1; anything else only when given here)"),
+    port: int = typer.Option(8000, "--port", help="TCP port"),
+    token_env: str = typer.Option("ROLLART_REWARD_TOKEN", "--token-env", help="environment variable holding the bearer token"),
+    workers: int = typer.Option(1, "--workers", help="uvicorn worker processes"),
+    cache_path: Path | None = typer.Option(None, "--cache-path", help="result cache (default: a fresh file in a temp dir)"),
+) -> None:
+    """`rollart reward serve module:function`: serve one reward function over HTTP (a plain trajectory -> float works)."""
+    import tempfile
+
+    from rollart.reward.errors import RewardError
+    from rollart.reward.function_service import load_reward, serve_function
+
+    token = os.environ.get(token_env, "")
+    if len(token) < 8:
+        typer.echo(f"--token-env: set {token_env} to a bearer token of at least 8 characters (clients send it)", err=True)
+        raise typer.Exit(code=2)
+    bind = host or "127.0.0.1"
+    if host is not None and host not in LOOPBACK_HOSTS:
+        typer.echo(f"warning: binding {host}: the reward service is reachable from other machines", err=True)
+    reward_name = name or spec.rpartition(":")[2]
+    try:
+        load_reward(spec, reward_name)
+    except RewardError as err:
+        typer.echo(f"SPEC: {err}", err=True)
+        raise typer.Exit(code=2) from None
+    cache = cache_path or Path(tempfile.mkdtemp(prefix="rollart-reward-")) / "cache.sqlite"
+    typer.echo(f"serving reward {reward_name!r} from {spec} on http://{bind}:{port} (POST /v1/score)", err=True)
+    serve_function(spec, reward_name, token, host=bind, port=port, workers=workers, cache_path=str(cache))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -13,6 +13,7 @@ the working directory).
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import sys
@@ -72,7 +73,7 @@ def known_names(kind: str) -> list[str]:
 
 
 def _load_file(path: Path, attr: str, spec: str) -> Any:
-    module_name = f"rollart_user_{abs(hash(str(path.resolve())))}"
+    module_name = "rollart_user_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
     if module_name not in sys.modules:
         module_spec = importlib.util.spec_from_file_location(module_name, path)
         if module_spec is None or module_spec.loader is None:
@@ -124,7 +125,10 @@ def resolve(kind: str, spec: str, base_dir: Path | None = None, field: str = "")
         except ConfigError as err:
             raise ConfigError(f"{where}{err}") from None
     if spec in BUILTINS[kind]:
-        return Resolved(load_import_path(BUILTINS[kind][spec]), f"built-in ({BUILTINS[kind][spec]})")
+        try:
+            return Resolved(load_import_path(BUILTINS[kind][spec]), f"built-in ({BUILTINS[kind][spec]})")
+        except ConfigError as err:  # a built-in whose optional extra is not installed
+            raise ConfigError(f"{where}built-in {kind} {spec!r} cannot be loaded: {err}") from None
     for ep in entry_points(group=ENTRY_POINT_GROUPS[kind]):
         if ep.name == spec:
             try:

@@ -25,9 +25,16 @@ DEMO_ENV_ARGS: dict[str, Callable[[TaskSection], dict[str, Any]]] = {
 }
 
 
+ENV_METHODS = ("reset", "step", "close")
+
+
 @dataclass
 class TaskParts:
-    """What the builder needs for one task: fresh envs, fresh prompt builders, a scorer, its origin."""
+    """What the builder needs for one task: fresh envs, fresh prompt builders, a scorer, its origin.
+
+    `closers` are called (and awaited when they return an awaitable) when the run ends, e.g. the
+    reward service client's `aclose`.
+    """
 
     task: TaskSection
     env_factory: Callable[[], Any]
@@ -36,6 +43,7 @@ class TaskParts:
     env_origin: str
     reward_origin: str
     closers: list[Callable[[], Any]]
+    prompts: str = "demo"
 
 
 def prompt_style(task: TaskSection, config: RunConfig) -> str:
@@ -45,16 +53,35 @@ def prompt_style(task: TaskSection, config: RunConfig) -> str:
     return "chat_template" if config.model.path else "demo"
 
 
-def as_scorer(obj: Any) -> Scorer:
-    """A reward as an async `trajectory -> float`: a plain function, an async function, or a `RewardFn`."""
+def as_scorer(obj: Any, field: str = "reward") -> Scorer:
+    """A reward as an async `trajectory -> float`.
+
+    Accepts a plain function, an async function, a `RewardFn` object (async `score` returning a
+    `RewardResult`, whose `.score` is taken) or a `RewardFn` class (instantiated without arguments).
+    A function may return a float or anything with a `.score`.
+
+    Raises:
+        ConfigError: naming `field` when `obj` is none of these.
+    """
+    from rollart.scheduler.errors import ConfigError
+
     if inspect.isclass(obj):
-        obj = obj()
+        try:
+            obj = obj()
+        except TypeError as err:
+            raise ConfigError(f"{field}: reward class {obj.__name__} cannot be built without arguments ({err}); "
+                              "export an instance or a function instead") from None
     score = getattr(obj, "score", None)
-    if score is not None:
+    if callable(score):
         async def via_reward_fn(trajectory: Trajectory) -> float:
-            result = await score(trajectory)
+            result = score(trajectory)
+            if inspect.isawaitable(result):
+                result = await result
             return float(getattr(result, "score", result))
         return via_reward_fn
+    if not callable(obj):
+        raise ConfigError(f"{field}: {obj!r} is not a reward: expected a function trajectory -> float "
+                          "(sync or async) or a RewardFn (an object with async score(trajectory))")
 
     async def via_function(trajectory: Trajectory) -> float:
         value = obj(trajectory)
@@ -64,16 +91,35 @@ def as_scorer(obj: Any) -> Scorer:
     return via_function
 
 
+def check_env_class(obj: Any, field: str) -> None:
+    """An env spec must name a class (or factory) whose instances have async reset/step/close.
+
+    Raises:
+        ConfigError: naming `field` and the missing methods.
+    """
+    from rollart.scheduler.errors import ConfigError
+
+    if not callable(obj):
+        raise ConfigError(f"{field}: {obj!r} is not an env class (rollart.env.Env: async reset/step/close)")
+    if inspect.isclass(obj):
+        missing = [m for m in ENV_METHODS if not inspect.iscoroutinefunction(getattr(obj, m, None))]
+        if missing:
+            raise ConfigError(f"{field}: {obj.__name__} is not a rollart.env Env: missing async {missing}")
+
+
 def build_task(task: TaskSection, index: int, config: RunConfig, tokenizer: Any, base_dir: Path | None = None) -> TaskParts:
     """Resolve the env, the reward and the prompt style of `tasks[index]`.
 
     Raises:
         ConfigError: naming `tasks.<index>.env` / `.reward` / `.prompts` and what is allowed.
     """
+    # deps: resolve, check_env_class, as_scorer, service_scorer, prompt_style
     from rollart.scheduler.errors import ConfigError
+    from rollart.scheduler.registry import BUILTINS
 
     field = f"tasks.{index}"
     env = resolve("env", task.env, base_dir, field=f"{field}.env")
+    check_env_class(env.obj, f"{field}.env")
     env_args = {**DEMO_ENV_ARGS.get(task.env, lambda t: {})(task), **task.env_args}
     env_cls = env.obj
 
@@ -100,29 +146,44 @@ def build_task(task: TaskSection, index: int, config: RunConfig, tokenizer: Any,
             return ChatTemplatePromptBuilder(tokenizer)
 
     closers: list[Callable[[], Any]] = []
-    reward_spec = task.reward if task.reward is not None else task.env
+    reward_spec = task.reward
+    if reward_spec is None:
+        if task.env not in BUILTINS["reward"]:
+            raise ConfigError(f"{field}.reward: env {task.env!r} has no built-in reward; set reward to a name "
+                              f"{sorted(BUILTINS['reward'])}, an import path or {{service: URL, name: ...}}")
+        reward_spec = task.env
     if isinstance(reward_spec, str):
         reward = resolve("reward", reward_spec, base_dir, field=f"{field}.reward")
-        scorer, origin = as_scorer(reward.obj), reward.origin
+        scorer, origin = as_scorer(reward.obj, f"{field}.reward"), reward.origin
     else:
-        scorer, origin, closer = service_scorer(reward_spec)
+        scorer, origin, closer = service_scorer(reward_spec, f"{field}.reward")
         closers.append(closer)
-    return TaskParts(task, env_factory, prompts_factory, scorer, env.origin, origin, closers)
+    return TaskParts(task, env_factory, prompts_factory, scorer, env.origin, origin, closers, style)
 
 
-def service_scorer(spec: Any) -> tuple[Scorer, str, Callable[[], Any]]:
-    """A scorer over the reward service at `spec.service` (token from the env var `spec.token_env`)."""
+def service_scorer(spec: Any, field: str = "reward") -> tuple[Scorer, str, Callable[[], Any]]:
+    """A scorer over the reward service at `spec.service` (token from the env var `spec.token_env`).
+
+    Nothing is contacted here (so `rollart plan` starts nothing); the first score opens the connection.
+
+    Raises:
+        ConfigError: naming `field` when the token variable is unset or the URL is not http(s).
+    """
     import os
 
     from rollart.reward.client import RewardClient
+    from rollart.reward.errors import RewardError
     from rollart.scheduler.errors import ConfigError
 
     token = None
     if spec.token_env:
         token = os.environ.get(spec.token_env)
         if not token:
-            raise ConfigError(f"reward.token_env: environment variable {spec.token_env!r} is not set")
-    client = RewardClient(spec.service, token=token or "")
+            raise ConfigError(f"{field}.token_env: environment variable {spec.token_env!r} is not set")
+    try:
+        client = RewardClient(spec.service, token=token or "")
+    except RewardError as err:
+        raise ConfigError(f"{field}.service: {err}") from None
 
     async def score(trajectory: Trajectory) -> float:
         result = await client.score(spec.name, trajectory, deadline_s=spec.deadline_s)
