@@ -105,6 +105,9 @@ class Pipeline:
     async def _train(self, batch: list[Any]) -> dict[str, float]:
         tb = build_train_batch(trajectories_to_samples(batch), pad_token_id=self.parts.pad_token_id,
                                normalize_advantage_std=self.config.trainer.normalize_advantage_std)
+        step_async = getattr(self.parts.trainer, "train_step_async", None)
+        if step_async is not None:  # a simulated trainer waits its modelled time on the loop's clock (D17)
+            return await step_async(tb)
         return await asyncio.to_thread(self.parts.trainer.train_step, tb)
 
     def _aborted_total(self) -> int:
