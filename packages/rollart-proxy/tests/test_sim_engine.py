@@ -168,3 +168,32 @@ def test_admission_is_bounded_by_kv_capacity():
     loop.close()
     assert (len(engine._running), len(engine._waiting)) == (2, 1)
     assert engine._reserved <= cap
+
+
+def test_decode_quantum_keeps_tokens_and_finish_times_with_fewer_steps():
+    """D19: one sleep per quantum gives the tokens and finish times of one step per token."""
+
+    def run(quantum: float):
+        engine = SimEngine(QWEN3_8B, lookup_hardware("H20"), decode_quantum_s=quantum)
+        loop = VirtualLoop()
+
+        async def go():
+            for i in range(6):
+                engine.add_request(EngineRequest(f"r{i}", tuple(range(1, 300 + 50 * i)), SamplingParams(max_tokens=20 + 15 * i), f"t{i}"))
+            done = {}
+            while engine.has_work():
+                for out in await engine.step():
+                    done[out.request_id] = (out.token_ids, out.finish_reason, round(loop.time(), 9))
+            return done
+
+        try:
+            return loop.run_until_complete(go()), engine.stats["steps"]
+        finally:
+            loop.close()
+
+    exact, exact_steps = run(0.0)
+    fast, fast_steps = run(0.5)
+    assert fast == exact
+    assert fast_steps < exact_steps / 5
+    with pytest.raises(ProxyError, match="decode_quantum_s"):
+        SimEngine(QWEN3_8B, lookup_hardware("H20"), decode_quantum_s=-1.0)

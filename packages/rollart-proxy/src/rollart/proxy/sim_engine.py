@@ -141,6 +141,7 @@ class SimEngine:
         kv_fraction: float = 0.9,
         max_num_seqs: int = 256,
         prefix_cache_tokens: int | None = None,
+        decode_quantum_s: float = 0.0,
         stop_prob: float = 0.0,
         time_scale: float = 1.0,
         host_link_gbs: float = 25.0,
@@ -150,7 +151,8 @@ class SimEngine:
         """``time_scale`` multiplies every sleep (0 = only yield; virtual-clock runs keep 1.0).
 
         ``prefix_cache_tokens`` caps the prefix cache (D17); None lets it use every KV token the
-        running sequences do not reserve.
+        running sequences do not reserve. ``decode_quantum_s`` > 0 lets one ``step`` decode several
+        tokens while nothing finishes, up to that much modelled time (D19); 0 = one token per step.
         """
         # VAL: VAL_POSITIVE(hardware.tflops_bf16, exc=ProxyError)
         # >>> generated VAL_POSITIVE #69a041a63f (edit the annotation, not this block)
@@ -194,6 +196,12 @@ class SimEngine:
         self._max_num_seqs = max_num_seqs
         self._prefix_cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # LRU: oldest first
         self._prefix_cap = self.kv_capacity_tokens if prefix_cache_tokens is None else prefix_cache_tokens
+        # VAL: VAL_NON_NEGATIVE(decode_quantum_s, exc=ProxyError)
+        # >>> generated VAL_NON_NEGATIVE #767383db5c (edit the annotation, not this block)
+        if not decode_quantum_s >= 0:
+            raise ProxyError(f"decode_quantum_s must be >= 0, got {decode_quantum_s!r}")
+        # <<< generated
+        self._decode_quantum_s = decode_quantum_s
         self._cached_tokens = 0
         self._reserved = 0
         self._stop_prob = stop_prob
@@ -339,10 +347,28 @@ class SimEngine:
         if not self._running:
             return []
         seqs = list(self._running.values())
+        if self._decode_quantum_s > 0:
+            return await self._decode_many(seqs)
         seconds = self.roofline.decode_seconds(len(seqs), sum(s.context_len for s in seqs))
         self.stats["decode_s"] += seconds
         await self._sleep(seconds)
         return [out for seq in seqs if (out := self._emit(seq)) is not None]
+
+    async def _decode_many(self, seqs: list[_SimSeq]) -> list[EngineOutput]:
+        """Decode steps back to back until a sequence finishes or the quantum is used (D19): the same
+        tokens and finish times as one step per token, one sleep instead of many. Requests that
+        arrive meanwhile are admitted when it ends (at most ``decode_quantum_s`` late)."""
+        context = sum(s.context_len for s in seqs)
+        seconds = 0.0
+        while True:
+            seconds += self.roofline.decode_seconds(len(seqs), context)
+            outputs = [out for seq in seqs if (out := self._emit(seq)) is not None]
+            if outputs or seconds >= self._decode_quantum_s:
+                break
+            context += len(seqs)
+        self.stats["decode_s"] += seconds
+        await self._sleep(seconds)
+        return outputs
 
     def _admit(self) -> list[_SimSeq]:
         """Admit waiting sequences in order while their KV reservation fits beside the running ones (D17)."""
