@@ -8,8 +8,10 @@ Rows (interleaved, repeated; median and min-max spread):
   end to end - N H20 SimEngine workers (Qwen3-8B roofline) in virtual time, one 2-turn trajectory per
                worker (turn 2 extends turn 1's context), through LLMProxy.generate; wall seconds for
                the whole run; every request must finish with reason "length" or the row fails.
+               ``index+quantum`` adds SimEngine(decode_quantum_s=0.1) (proxy D19: several decode tokens
+               per engine step while nothing finishes; same tokens and finish times).
 
-    /work/wt/run python scripts/bench/bench_routing.py [--quick]
+    /work/wt/run python scripts/bench/bench_routing.py [--quick] [--sizes 100,1000,3000] [--e2e-only]
 """
 
 from __future__ import annotations
@@ -43,10 +45,10 @@ class ViewRouter:
         return self.inner.choose(request, workers, sticky_rank)
 
 
-def pool(n: int) -> list[InferenceWorker]:
+def pool(n: int, quantum: float = 0.0) -> list[InferenceWorker]:
     hw = ["H800" if i % 4 == 0 else "H20" for i in range(n)]
-    return [InferenceWorker(f"w{i}", partial(SimEngine, QWEN3_8B, lookup_hardware(h)), hardware=h, devices=(i,))
-            for i, h in enumerate(hw)]
+    return [InferenceWorker(f"w{i}", partial(SimEngine, QWEN3_8B, lookup_hardware(h), decode_quantum_s=quantum),
+                            hardware=h, devices=(i,)) for i, h in enumerate(hw)]
 
 
 async def decisions(n: int, mode: str, count: int) -> float:
@@ -72,10 +74,10 @@ async def decisions(n: int, mode: str, count: int) -> float:
 
 
 async def end_to_end(n: int, mode: str) -> int:
-    workers = pool(n)
+    workers = pool(n, 0.1 if mode == "index+quantum" else 0.0)
     for w in workers:
         await w.start()
-    router = AffinityRouter({"lake": "H800", "default": "H20"}) if mode == "index" else ViewRouter({"lake": "H800", "default": "H20"})
+    router = ViewRouter({"lake": "H800", "default": "H20"}) if mode == "views" else AffinityRouter({"lake": "H800", "default": "H20"})
     proxy = LLMProxy(workers, router=router)
 
     async def trajectory(i: int) -> list[str]:
@@ -96,13 +98,17 @@ async def end_to_end(n: int, mode: str) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sizes", default="")
+    ap.add_argument("--e2e-only", action="store_true")
     args = ap.parse_args()
     sizes = [100, 1000] if args.quick else [100, 1000, 3000]
+    if args.sizes:
+        sizes = [int(x) for x in args.sizes.split(",")]
     repeats = 2 if args.quick else 3
     count = 300 if args.quick else 1000
     print("| row | workers | mode | median | spread (min-max) | repeats |")
     print("|---|---|---|---|---|---|")
-    for n in sizes:
+    for n in ([] if args.e2e_only else sizes):
         per: dict[str, list[float]] = {"views": [], "index": []}
         for _ in range(repeats):
             for mode in ("views", "index"):  # interleaved
@@ -111,10 +117,10 @@ def main() -> None:
             print(f"| decision (+2 updates) | {n} | {mode} | {statistics.median(xs) * 1e6:.1f} us | "
                   f"{min(xs) * 1e6:.1f}-{max(xs) * 1e6:.1f} us | {repeats} |")
     for n in sizes:
-        per = {"views": [], "index": []}
+        per = {"views": [], "index": [], "index+quantum": []}
         e2e_repeats = 1 if (n >= 3000 or args.quick) else 2
         for _ in range(e2e_repeats):
-            for mode in ("views", "index"):
+            for mode in per:
                 run = run_virtual(end_to_end(n, mode))
                 per[mode].append(run.wall_s)
         for mode, xs in per.items():
