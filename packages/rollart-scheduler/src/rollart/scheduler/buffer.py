@@ -70,10 +70,10 @@ def group_task(group_id: str) -> str:
 def oldest_version(trajectory: BufferedTrajectory) -> int:
     """The oldest weight version that produced any token (D1); -1 when none is known."""
     # deps: BufferedTrajectory.weight_versions
-    versions = [v for v in trajectory.weight_versions() if v is not None]
-    if not versions:
-        return -1
-    return min(versions)
+    versions = trajectory.weight_versions()
+    if None in versions:  # rare: filter only then (this runs on every put)
+        versions = [v for v in versions if v is not None]
+    return min(versions) if versions else -1
 
 
 class SampleBuffer:
