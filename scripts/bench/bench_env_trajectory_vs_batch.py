@@ -31,7 +31,7 @@ from rollart.env.manager import EnvManager, EnvManagerConfig
 from rollart.env.prompts import ChatTemplatePromptBuilder
 from rollart.env.stubs import ListSink, StubLLMClient
 from rollart.env.tiny_tokenizer import build_tiny_chat_tokenizer
-from rollart.env.virtual_clock import run_virtual
+from rollart.resource.virtual_time import run_virtual
 
 
 class CountingSink(ListSink):
@@ -125,11 +125,11 @@ def main() -> None:
             sink = CountingSink()
             mgrs = make_managers(prompts, tokenizer, n_envs, args.turns, args.mu, sigma, args.llm_latency, sink, sigma)
             if mode == "batch":
-                res[mode] = run_virtual(batch_level(mgrs, iterations))
+                res[mode] = run_virtual(batch_level(mgrs, iterations)).result
             elif mode == "traj":
-                res[mode] = run_virtual(trajectory_level(mgrs, iterations))
+                res[mode] = run_virtual(trajectory_level(mgrs, iterations)).result
             else:
-                res[mode] = run_virtual(continuous(mgrs, iterations, sink))
+                res[mode] = run_virtual(continuous(mgrs, iterations, sink)).result
         table.add_row(
             str(sigma), f"{res['batch']:.1f}", f"{res['traj']:.1f}", f"{res['batch'] / res['traj']:.2f}x",
             f"{res['async']:.1f}", f"{res['batch'] / res['async']:.2f}x",

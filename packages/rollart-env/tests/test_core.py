@@ -12,7 +12,12 @@ from hypothesis import strategies as st
 from rollart.env.errors import EnvError, EnvTimeoutError, TransientEnvError
 from rollart.env.retry import RetryPolicy, backoff_delay, call_with_retries
 from rollart.env.trajectory import Trajectory, Turn
-from rollart.env.virtual_clock import run_virtual
+from rollart.resource.virtual_time import run_virtual as run_virtual_timed
+
+
+def run_virtual(coro):
+    """rollart-resource's virtual-time runtime (env D11), returning just the result."""
+    return run_virtual_timed(coro).result
 
 
 def test_trajectory_flattening_aligns_ids_mask_and_logprobs():

@@ -14,7 +14,12 @@ from rollart.env.envs.math_calc import CalculatorError, MathCalcEnv, generate_pr
 from rollart.env.errors import EnvCrashedError, EnvError, TransientEnvError
 from rollart.env.gym_adapter import GymTextEnv
 from rollart.env.protocols import Env
-from rollart.env.virtual_clock import run_virtual
+from rollart.resource.virtual_time import run_virtual as run_virtual_timed
+
+
+def run_virtual(coro):
+    """rollart-resource's virtual-time runtime (env D11), returning just the result."""
+    return run_virtual_timed(coro).result
 
 
 @given(st.text())
@@ -169,3 +174,35 @@ def test_latency_wrapper_delays_and_injects_each_failure_kind():
         run_virtual(asyncio.wait_for(LatencyWrapper(inner, failure_prob=1.0, failure_kind="hang").reset(0), 100))
     with pytest.raises(EnvError, match="kind must be one of"):
         LatencyDistribution("uniform", 1.0)
+
+
+def test_latency_distributions_match_their_formulas_and_failure_rate():
+    """D12: N(10, sigma) keeps its mean and spread; lognormal_with_mean keeps its mean with a 10x tail."""
+    import random
+    import statistics
+
+    rng = random.Random(0)
+    for sigma in (1.0, 5.0):
+        xs = [LatencyDistribution("gaussian", 10.0, sigma).sample(rng) for _ in range(20_000)]
+        assert statistics.fmean(xs) == pytest.approx(10.0, abs=0.1 * sigma)
+        assert statistics.pstdev(xs) == pytest.approx(sigma, rel=0.05)
+    tail = LatencyDistribution.lognormal_with_mean(10.0, 1.0)
+    assert (tail.kind, round(tail.mean, 4), tail.std) == ("lognormal", 1.8026, 1.0)  # mu = ln 10 - 1/2
+    ys = sorted(tail.sample(rng) for _ in range(40_000))
+    assert statistics.fmean(ys) == pytest.approx(10.0, rel=0.05)
+    median, p99 = ys[len(ys) // 2], ys[int(len(ys) * 0.99)]
+    assert median == pytest.approx(6.07, rel=0.05) and p99 == pytest.approx(61.8, rel=0.12)
+    with pytest.raises(EnvError, match="mean_s"):
+        LatencyDistribution.lognormal_with_mean(0.0, 1.0)
+
+    async def failures(p: float, n: int) -> int:
+        env = LatencyWrapper(MathCalcEnv(), reset_latency=tail, failure_prob=p, seed=3)
+        failed = 0
+        for _ in range(n):
+            try:
+                await env.reset(seed=0)
+            except TransientEnvError:
+                failed += 1
+        return failed
+
+    assert run_virtual(failures(0.1, 3000)) == pytest.approx(300, abs=60)  # 3,000 resets, 10 % fail

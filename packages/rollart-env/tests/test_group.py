@@ -12,7 +12,12 @@ from rollart.env.group import EnvGroup, LockstepBarrier, run_redundant
 from rollart.env.manager import EnvManager, EnvManagerConfig
 from rollart.env.stubs import CountdownStubEnv, ListSink, StubLLMClient
 from rollart.env.trajectory import TrajectoryStatus
-from rollart.env.virtual_clock import run_virtual
+from rollart.resource.virtual_time import run_virtual as run_virtual_timed
+
+
+def run_virtual(coro):
+    """rollart-resource's virtual-time runtime (env D11), returning just the result."""
+    return run_virtual_timed(coro).result
 
 
 def _managers(prompts, step_latencies, sink):

@@ -14,7 +14,13 @@ from rollart.env.protocols import GenerationRequest, GenerationResult
 from rollart.env.retry import RetryPolicy
 from rollart.env.stubs import CountdownStubEnv, ListSink, StubLLMClient
 from rollart.env.trajectory import TrajectoryStatus
-from rollart.env.virtual_clock import VirtualClockEventLoop, run_virtual
+from rollart.resource.virtual_time import VirtualTimeLoop as VirtualClockEventLoop
+from rollart.resource.virtual_time import run_virtual as run_virtual_timed
+
+
+def run_virtual(coro):
+    """rollart-resource's virtual-time runtime (env D11), returning just the result."""
+    return run_virtual_timed(coro).result
 
 CountdownEnv = CountdownStubEnv
 

@@ -110,3 +110,90 @@ def test_injected_fault_raises_and_unknown_hardware_is_rejected():
     loop.close()
     with pytest.raises(ProxyError, match="name must be one of .*'H20'.*got 'TPU'"):
         lookup_hardware("TPU")
+
+
+def test_kv_capacity_from_the_catalogue_matches_hand_computation():
+    """Design Section 4 (D17): (HBM x 0.9 - weights) / per-token KV bytes, by hand."""
+    from rollart.proxy.sim_engine import QWEN3_32B
+
+    assert QWEN3_8B.kv_bytes_per_token == 2 * 36 * 8 * 128 * 2 == 147_456
+    assert SimEngine(QWEN3_8B, lookup_hardware("H800")).kv_capacity_tokens == 377_061
+    assert SimEngine(QWEN3_32B, lookup_hardware("H20")).kv_capacity_tokens == 79_345
+    with pytest.raises(ProxyError, match="prefix_cache_tokens"):
+        SimEngine(QWEN3_8B, lookup_hardware("H20"), prefix_cache_tokens=-1)
+
+
+def test_second_turn_prefills_only_the_new_suffix():
+    """The Section-4 example: 1,000 cached + 200 new tokens on an H800 = 8.89 ms; 42.6 ms cold."""
+    model = roofline("H800")
+    assert model.prefill_seconds(200, 1000) == pytest.approx(0.008892, abs=2e-6)
+    assert model.prefill_seconds(1200, 0) == pytest.approx(0.042636, abs=2e-6)
+    engine = SimEngine(QWEN3_8B, lookup_hardware("H800"), step_overhead_s=0.002)
+    first_prompt = tuple(range(1, 1000))
+    first, _ = run_engine(engine, [EngineRequest("a", first_prompt, SamplingParams(max_tokens=1), "traj")])
+    context = first_prompt + first["a"].token_ids  # 1,000 tokens
+    assert engine.cached_prefix_tokens() == 1000
+    before = engine.stats["prefill_s"]
+    run_engine(engine, [EngineRequest("b", context + tuple(range(5, 205)), SamplingParams(max_tokens=1), "traj")])
+    assert engine.stats["prefill_s"] - before == pytest.approx(model.prefill_seconds(200, 1000))
+    other = SimEngine(QWEN3_8B, lookup_hardware("H800"))  # no first turn: a cold prefill of all 1,200
+    run_engine(other, [EngineRequest("b", context + tuple(range(5, 205)), SamplingParams(max_tokens=1), "traj")])
+    assert other.stats["prefill_s"] == pytest.approx(model.prefill_seconds(1200, 0))
+
+
+def test_prefix_cache_is_lru_in_tokens_and_yields_to_running_sequences():
+    engine = SimEngine(QWEN3_8B, lookup_hardware("H20"), prefix_cache_tokens=2500)
+    # three trajectories of 1,000-token contexts: the cache (2,500 tokens) keeps the two most recent
+    for t in ("t0", "t1", "t2"):
+        run_engine(engine, [EngineRequest(f"{t}-1", tuple(range(1, 1000)), SamplingParams(max_tokens=1), t)])
+    assert engine.cached_prefix_tokens() == 2000
+    assert list(engine._prefix_cache) == ["t1", "t2"]  # t0, least recently used, went first
+    # running sequences take precedence: a reservation that needs nearly all KV evicts the cache
+    cap = engine.kv_capacity_tokens
+    run_engine(engine, [EngineRequest("t1-2", tuple(range(1, 1000)) + (9,), SamplingParams(max_tokens=1), "t1"),
+                        EngineRequest("big", (5,) * (cap - 1200), SamplingParams(max_tokens=1), "big")])
+    assert engine.stats["prefix_hit_tokens"] == 999  # t1's second turn reused its 999-token prefix
+    assert engine.cached_prefix_tokens() <= 2500 and "t2" not in engine._prefix_cache  # evicted for "big"
+    assert engine._reserved == 0  # every reservation was returned
+
+
+def test_admission_is_bounded_by_kv_capacity():
+    engine = SimEngine(QWEN3_8B, lookup_hardware("H20"), time_scale=0)
+    cap = engine.kv_capacity_tokens
+    half = cap // 2 - 10
+    for i in range(3):  # each reserves ~half of the KV: only two run at once
+        engine.add_request(EngineRequest(f"r{i}", tuple(range(1, 11)), SamplingParams(max_tokens=half), f"t{i}"))
+    loop = VirtualLoop()
+    loop.run_until_complete(engine.step())
+    loop.close()
+    assert (len(engine._running), len(engine._waiting)) == (2, 1)
+    assert engine._reserved <= cap
+
+
+def test_decode_quantum_keeps_tokens_and_finish_times_with_fewer_steps():
+    """D19: one sleep per quantum gives the tokens and finish times of one step per token."""
+
+    def run(quantum: float):
+        engine = SimEngine(QWEN3_8B, lookup_hardware("H20"), decode_quantum_s=quantum)
+        loop = VirtualLoop()
+
+        async def go():
+            for i in range(6):
+                engine.add_request(EngineRequest(f"r{i}", tuple(range(1, 300 + 50 * i)), SamplingParams(max_tokens=20 + 15 * i), f"t{i}"))
+            done = {}
+            while engine.has_work():
+                for out in await engine.step():
+                    done[out.request_id] = (out.token_ids, out.finish_reason, round(loop.time(), 9))
+            return done
+
+        try:
+            return loop.run_until_complete(go()), engine.stats["steps"]
+        finally:
+            loop.close()
+
+    exact, exact_steps = run(0.0)
+    fast, fast_steps = run(0.5)
+    assert fast == exact
+    assert fast_steps < exact_steps / 5
+    with pytest.raises(ProxyError, match="decode_quantum_s"):
+        SimEngine(QWEN3_8B, lookup_hardware("H20"), decode_quantum_s=-1.0)

@@ -69,3 +69,19 @@ def test_bad_spec_rejected(field, value):
 def test_valid_specs_roundtrip(tflops, hbm):
     spec = HardwareSpec("X", tflops_bf16=tflops, hbm_gb=hbm, hbm_tbps=1.0, interconnect_gbps=1.0, cost=1.0)
     assert HardwareCatalogue([spec]).get("X") == spec
+
+
+def test_collective_bandwidth_is_nvlink_inside_a_node_and_the_nic_beyond():
+    h800 = BUILTIN_HARDWARE["H800"]
+    assert (h800.network_gbps, h800.gpus_per_node) == (50, 8)
+    assert h800.collective_gbps(8) == 400  # one node: NVLink (Table 2)
+    assert h800.collective_gbps(9) == 50  # the ring crosses a NIC
+    assert BUILTIN_HARDWARE["A100"].collective_gbps(64) == 25
+    old_style = HardwareSpec("X1", 100.0, 40, 1.0, 300, 0.5)  # written before D14: defaults apply
+    assert (old_style.network_gbps, old_style.gpus_per_node) == (25.0, 8)
+    with pytest.raises(ResourceError, match="network_gbps"):
+        HardwareSpec("X2", 100.0, 40, 1.0, 300, 0.5, network_gbps=0)
+    with pytest.raises(ResourceError, match="gpus_per_node"):
+        HardwareSpec("X3", 100.0, 40, 1.0, 300, 0.5, gpus_per_node=0)
+    with pytest.raises(ResourceError, match="devices"):
+        h800.collective_gbps(0)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from rollart.env.trajectory import Trajectory, TrajectoryStatus, Turn
-from rollart.env.virtual_clock import VirtualClockEventLoop
+from rollart.resource.virtual_time import VirtualTimeLoop
 from rollart.scheduler.buffer import SampleBuffer
 from rollart.scheduler.errors import SchedulerError
 from rollart.scheduler.scoring import ScoringSink
@@ -32,7 +32,7 @@ def _traj(i: int, kind: str) -> Trajectory:
 class ScoringMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.loop = VirtualClockEventLoop()
+        self.loop = VirtualTimeLoop()
         self.buffer = SampleBuffer(alpha=10**6, group_size=1)
         self.seen: list[str] = []
         self.plan: dict[str, tuple[str, float]] = {}

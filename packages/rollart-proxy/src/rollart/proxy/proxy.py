@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rollart.proxy.errors import NoWorkerAvailableError, ProxyError, ProxyTimeoutError, WorkerFailedError
-from rollart.proxy.routing import AffinityRouter, RoutingPolicy, WorkerView
+from rollart.proxy.routing import AffinityRouter, LoadIndex, RoutingPolicy, WorkerView
 from rollart.proxy.types import (
     FINAL_REASONS,
     FINISH_ABORT,
@@ -45,9 +45,49 @@ class WeightSource(Protocol):
         ...
 
 
+class _Inflight(dict[str, int]):
+    """request id -> outstanding tokens, keeping its token total and reporting every change (D16)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens = 0
+        self.on_change: Callable[[], None] | None = None
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    def __setitem__(self, key: str, value: int) -> None:
+        self.tokens += value - self.get(key, 0)
+        super().__setitem__(key, value)
+        self._changed()
+
+    def __delitem__(self, key: str) -> None:
+        self.tokens -= self[key]
+        super().__delitem__(key)
+        self._changed()
+
+    def pop(self, key: str, *default: Any) -> Any:  # type: ignore[override]
+        if key not in self:
+            return super().pop(key, *default)
+        value = super().pop(key)
+        self.tokens -= value
+        self._changed()
+        return value
+
+    def clear(self) -> None:
+        super().clear()
+        self.tokens = 0
+        self._changed()
+
+
 @dataclass
 class WorkerSlot:
-    """The proxy's record of one worker: routing state, restarts, and what it has in flight."""
+    """The proxy's record of one worker: routing state, restarts, and what it has in flight.
+
+    Assigning ``state`` and changing ``inflight`` report to the proxy's routing index (D16), so no
+    code path that changes a slot has to remember the index.
+    """
 
     rank: int
     handle: WorkerHandle
@@ -55,8 +95,28 @@ class WorkerSlot:
     version: int = 0
     restarts: int = 0
     incarnation: int = 0
-    inflight: dict[str, int] = field(default_factory=dict)  # request id -> outstanding tokens
+    inflight: dict[str, int] = field(default_factory=_Inflight)  # request id -> outstanding tokens
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name == "state" and (hook := self.__dict__.get("_on_change")) is not None:
+            hook()
+
+    def watch(self, index: LoadIndex) -> None:
+        """Keep ``index`` current with this slot's state and load from now on."""
+        inflight = self.inflight if isinstance(self.inflight, _Inflight) else _Inflight()
+        if inflight is not self.inflight:
+            for key, value in self.inflight.items():
+                inflight[key] = value
+            object.__setattr__(self, "inflight", inflight)
+
+        def report() -> None:
+            index.update(self.rank, self.handle.hardware, self.state == ACTIVE, len(inflight), inflight.tokens)
+
+        inflight.on_change = report
+        object.__setattr__(self, "_on_change", report)
+        report()
 
     @property
     def devices(self) -> tuple[int, ...]:
@@ -168,6 +228,9 @@ class LLMProxy:
         self._slots = [WorkerSlot(rank, handle, version=version) for rank, handle in enumerate(workers)]
         self._router: RoutingPolicy = router if router is not None else AffinityRouter(affinity)
         self._capacity = max_inflight_per_worker
+        self._index = LoadIndex(max_inflight_per_worker)
+        for slot in self._slots:
+            slot.watch(self._index)
         self._timeout = request_timeout_s
         self._max_restarts = max_restarts
         self._version = version
@@ -314,15 +377,19 @@ class LLMProxy:
         while True:
             if track.abort_reason is not None:
                 return None
-            views = [
-                WorkerView(s.rank, s.handle.hardware, len(s.inflight), sum(s.inflight.values()), self._capacity)
-                for s in self._slots
-                if s.state == ACTIVE
-            ]
-            if exclude is not None and len(views) > 1:
-                views = [v for v in views if v.rank != exclude]
             sticky = self._sticky.get(request.trajectory_id) if request.trajectory_id and exclude is None else None
-            rank = self._router.choose(request, views, sticky) if views else None
+            has_active = self._index.active_count(None) > 0
+            if isinstance(self._router, AffinityRouter):  # O(log n) from the index (D16)
+                rank = self._router.choose_indexed(request, self._index, sticky, exclude) if has_active else None
+            else:  # a custom policy sees a view of every active worker
+                views = [
+                    WorkerView(s.rank, s.handle.hardware, len(s.inflight), sum(s.inflight.values()), self._capacity)
+                    for s in self._slots
+                    if s.state == ACTIVE
+                ]
+                if exclude is not None and len(views) > 1:
+                    views = [v for v in views if v.rank != exclude]
+                rank = self._router.choose(request, views, sticky) if views else None
             if rank is not None:
                 slot = self._slots[rank]
                 # AST: AST_INVARIANT(slot.state == ACTIVE, got=(rank, slot.state), msg="route only to active workers")
@@ -337,11 +404,11 @@ class LLMProxy:
                     self._sticky[request.trajectory_id] = rank
                 return slot
             changed = self._changed
-            what = "a worker with room (back-pressure)" if views else "an active worker (pool empty)"
+            what = "a worker with room (back-pressure)" if has_active else "an active worker (pool empty)"
             try:
                 await self._wait(changed, deadline, what)
             except ProxyTimeoutError as exc:
-                if not views:
+                if not has_active:
                     raise NoWorkerAvailableError(f"no active worker for request {track.engine_request.request_id!r} before its deadline") from exc
                 raise
 

@@ -115,6 +115,7 @@ class _SimSeq:
     versions: list[int]
     rng: random.Random
     cached: int = 0  # tokens of context whose KV is resident (0 = must prefill)
+    reserved: int = 0  # KV tokens held for it while running: context + remaining budget at admission
 
     @property
     def context_len(self) -> int:
@@ -139,14 +140,20 @@ class SimEngine:
         step_overhead_s: float = 0.002,
         kv_fraction: float = 0.9,
         max_num_seqs: int = 256,
-        prefix_cache_entries: int = 1024,
+        prefix_cache_tokens: int | None = None,
+        decode_quantum_s: float = 0.0,
         stop_prob: float = 0.0,
         time_scale: float = 1.0,
         host_link_gbs: float = 25.0,
         seed: int = 0,
         version: int = 0,
     ) -> None:
-        """``time_scale`` multiplies every sleep (0 = only yield; virtual-clock runs keep 1.0)."""
+        """``time_scale`` multiplies every sleep (0 = only yield; virtual-clock runs keep 1.0).
+
+        ``prefix_cache_tokens`` caps the prefix cache (D17); None lets it use every KV token the
+        running sequences do not reserve. ``decode_quantum_s`` > 0 lets one ``step`` decode several
+        tokens while nothing finishes, up to that much modelled time (D19); 0 = one token per step.
+        """
         # VAL: VAL_POSITIVE(hardware.tflops_bf16, exc=ProxyError)
         # >>> generated VAL_POSITIVE #69a041a63f (edit the annotation, not this block)
         if not hardware.tflops_bf16 > 0:
@@ -181,9 +188,22 @@ class SimEngine:
         if not self.kv_capacity_tokens > 0:
             raise ProxyError(f"self.kv_capacity_tokens must be > 0, got {self.kv_capacity_tokens!r}")
         # <<< generated
+        # AST: AST_PRECONDITION(prefix_cache_tokens is None or (isinstance(prefix_cache_tokens, int) and prefix_cache_tokens >= 0), got=prefix_cache_tokens, msg="prefix_cache_tokens is None or an integer >= 0", exc=ProxyError)
+        # >>> generated AST_PRECONDITION #cbfaa005e9 (edit the annotation, not this block)
+        if not (prefix_cache_tokens is None or (isinstance(prefix_cache_tokens, int) and prefix_cache_tokens >= 0)):
+            raise ProxyError(f"Pre-condition: prefix_cache_tokens is None or an integer >= 0, got {prefix_cache_tokens!r}")
+        # <<< generated
         self._max_num_seqs = max_num_seqs
-        self._prefix_cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
-        self._prefix_entries = prefix_cache_entries
+        self._prefix_cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # LRU: oldest first
+        self._prefix_cap = self.kv_capacity_tokens if prefix_cache_tokens is None else prefix_cache_tokens
+        # VAL: VAL_NON_NEGATIVE(decode_quantum_s, exc=ProxyError)
+        # >>> generated VAL_NON_NEGATIVE #767383db5c (edit the annotation, not this block)
+        if not decode_quantum_s >= 0:
+            raise ProxyError(f"decode_quantum_s must be >= 0, got {decode_quantum_s!r}")
+        # <<< generated
+        self._decode_quantum_s = decode_quantum_s
+        self._cached_tokens = 0
+        self._reserved = 0
         self._stop_prob = stop_prob
         self._time_scale = time_scale
         self._host_link_gbs = host_link_gbs
@@ -228,6 +248,10 @@ class SimEngine:
             _SimSeq(request, list(request.generated_ids), list(request.generated_logprobs), list(request.generated_versions), rng)
         )
 
+    def cached_prefix_tokens(self) -> int:
+        """Tokens held by the prefix cache now (never more than the KV the running sequences leave free)."""
+        return self._cached_tokens
+
     def _ids(self) -> set[str]:
         return set(self._running) | {s.request.request_id for s in self._waiting}
 
@@ -242,6 +266,8 @@ class SimEngine:
         if seq is None:
             seq = next(s for s in self._waiting if s.request.request_id == request_id)
             self._waiting.remove(seq)
+        else:
+            self._reserved -= seq.reserved
         self._remember_prefix(seq)
         return seq.output(FINISH_ABORT)
 
@@ -255,21 +281,41 @@ class SimEngine:
         in_flight = sum(s.context_len + s.request.remaining_tokens for s in (*self._running.values(), *self._waiting))
         return EngineLoad(len(self._running), len(self._waiting), in_flight, max(self.kv_capacity_tokens - used, 0))
 
+    def _cache_budget(self) -> int:
+        return max(0, min(self._prefix_cap, self.kv_capacity_tokens - self._reserved))
+
+    def _evict_prefixes(self) -> None:
+        """Drop least-recently-used prefixes until the cache fits the KV the running sequences leave."""
+        budget = self._cache_budget()
+        while self._cached_tokens > budget and self._prefix_cache:
+            _, context = self._prefix_cache.popitem(last=False)
+            self._cached_tokens -= len(context)
+
     def _remember_prefix(self, seq: _SimSeq) -> None:
         key = seq.request.trajectory_id or seq.request.request_id
-        self._prefix_cache[key] = seq.request.prompt_ids + tuple(seq.token_ids)
-        self._prefix_cache.move_to_end(key)
-        while len(self._prefix_cache) > self._prefix_entries:
-            self._prefix_cache.popitem(last=False)
-
-    def _prefix_hit(self, seq: _SimSeq) -> int:
-        cached = self._prefix_cache.get(seq.request.trajectory_id or seq.request.request_id, ())
+        old = self._prefix_cache.pop(key, None)
+        if old is not None:
+            self._cached_tokens -= len(old)
         context = seq.request.prompt_ids + tuple(seq.token_ids)
-        n = 0
-        for a, b in zip(cached, context):
-            if a != b:
-                break
-            n += 1
+        self._prefix_cache[key] = context
+        self._cached_tokens += len(context)
+        self._evict_prefixes()
+
+    def _take_prefix(self, seq: _SimSeq) -> int:
+        """Tokens of ``seq``'s context already cached; the entry leaves the cache (the sequence owns that KV now)."""
+        cached = self._prefix_cache.pop(seq.request.trajectory_id or seq.request.request_id, None)
+        if cached is None:
+            return 0
+        self._cached_tokens -= len(cached)
+        context = seq.request.prompt_ids + tuple(seq.token_ids)
+        if context[: len(cached)] == cached:
+            n = len(cached)
+        else:
+            n = 0
+            for a, b in zip(cached, context):
+                if a != b:
+                    break
+                n += 1
         return min(n, len(context) - 1)  # at least one token is computed to get logits
 
     async def _sleep(self, seconds: float) -> None:
@@ -289,7 +335,7 @@ class SimEngine:
         if admitted:
             new_tokens, cached = 0, 0
             for seq in admitted:
-                hit = self._prefix_hit(seq)
+                hit = seq.cached
                 self.stats["prefix_hit_tokens"] += hit
                 new_tokens += seq.context_len - hit
                 cached += hit
@@ -301,20 +347,48 @@ class SimEngine:
         if not self._running:
             return []
         seqs = list(self._running.values())
+        if self._decode_quantum_s > 0:
+            return await self._decode_many(seqs)
         seconds = self.roofline.decode_seconds(len(seqs), sum(s.context_len for s in seqs))
         self.stats["decode_s"] += seconds
         await self._sleep(seconds)
         return [out for seq in seqs if (out := self._emit(seq)) is not None]
 
+    async def _decode_many(self, seqs: list[_SimSeq]) -> list[EngineOutput]:
+        """Decode steps back to back until a sequence finishes or the quantum is used (D19): the same
+        tokens and finish times as one step per token, one sleep instead of many. Requests that
+        arrive meanwhile are admitted when it ends (at most ``decode_quantum_s`` late)."""
+        context = sum(s.context_len for s in seqs)
+        seconds = 0.0
+        while True:
+            seconds += self.roofline.decode_seconds(len(seqs), context)
+            outputs = [out for seq in seqs if (out := self._emit(seq)) is not None]
+            if outputs or seconds >= self._decode_quantum_s:
+                break
+            context += len(seqs)
+        self.stats["decode_s"] += seconds
+        await self._sleep(seconds)
+        return outputs
+
     def _admit(self) -> list[_SimSeq]:
-        free = self.load().free_kv_tokens
+        """Admit waiting sequences in order while their KV reservation fits beside the running ones (D17)."""
         admitted = []
         while self._waiting and len(self._running) + len(admitted) < self._max_num_seqs:
-            need = self._waiting[0].context_len + self._waiting[0].request.remaining_tokens
-            if need > free and (self._running or admitted):
+            head = self._waiting[0]
+            need = head.context_len + head.request.remaining_tokens
+            if need > self.kv_capacity_tokens - self._reserved and (self._running or admitted):
                 break  # a lone request always runs, so nothing waits forever
-            free -= need
-            admitted.append(self._waiting.popleft())
+            seq = self._waiting.popleft()
+            seq.cached = self._take_prefix(seq)
+            seq.reserved = need
+            self._reserved += need
+            self._evict_prefixes()
+            admitted.append(seq)
+        # AST: AST_INVARIANT(self._cached_tokens <= self._cache_budget(), got=(self._cached_tokens, self._reserved), msg="cached prefixes fit beside the running reservations")
+        # >>> generated AST_INVARIANT #e7e69f225f (edit the annotation, not this block)
+        if not (self._cached_tokens <= self._cache_budget()):
+            raise AssertionError(f"Invariant: cached prefixes fit beside the running reservations, got {(self._cached_tokens, self._reserved)!r}")
+        # <<< generated
         return admitted
 
     def _emit(self, seq: _SimSeq) -> EngineOutput | None:
@@ -333,6 +407,7 @@ class SimEngine:
         if reason is None:
             return None
         del self._running[seq.request.request_id]
+        self._reserved -= seq.reserved
         self._remember_prefix(seq)
         return seq.output(reason)
 
@@ -346,6 +421,7 @@ class SimEngine:
         if not self._offloaded:
             self._offloaded = True
             self._prefix_cache.clear()
+            self._cached_tokens = 0
             await self._sleep(self.model.weight_bytes / (self._host_link_gbs * 1e9))
 
     async def reload(self) -> None:
@@ -364,6 +440,9 @@ class SimEngine:
         await self._sleep(self.model.weight_bytes / (self._host_link_gbs * 1e9))
         self._version = version
         self._prefix_cache.clear()
+        self._cached_tokens = 0
         for seq in reversed(list(self._running.values())):
+            seq.cached = 0
             self._waiting.appendleft(seq)
         self._running.clear()
+        self._reserved = 0

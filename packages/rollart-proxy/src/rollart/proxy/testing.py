@@ -15,10 +15,11 @@ Example:
 
 from __future__ import annotations
 
-import asyncio
-import selectors
 from pathlib import Path
 from typing import Any
+
+from rollart.resource.virtual_time import VirtualTimeLoop
+from rollart.resource.virtual_time import run_virtual as _run_virtual
 
 TINY_VOCAB_SIZE = 384
 TINY_LLAMA_CONFIG: dict[str, Any] = {
@@ -103,38 +104,11 @@ def prompts_of_mixed_lengths(n: int, *, seed: int = 0, min_len: int = 3, max_len
     ]
 
 
-
-class _JumpingSelector(selectors.DefaultSelector):
-    def __init__(self, loop: VirtualLoop) -> None:
-        super().__init__()
-        self._vloop = loop
-
-    def select(self, timeout: float | None = None):
-        if timeout is not None and timeout > 0:
-            self._vloop.now += timeout
-        return super().select(0)
-
-
-class VirtualLoop(asyncio.SelectorEventLoop):
-    """An event loop whose ``time()`` is virtual and jumps when the loop would block.
-
-    The same idea as ``rollart.env.virtual_clock`` (which rollart.proxy may not import): SimEngine
-    workers under this loop run hours of simulated serving in milliseconds. No real I/O.
-    """
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        super().__init__(selector=_JumpingSelector(self))
-
-    def time(self) -> float:
-        """The virtual time in seconds."""
-        return self.now
+VirtualLoop = VirtualTimeLoop
+"""The one virtual-time loop of rollart-resource (design D18), under the name the proxy's tests use."""
 
 
 def run_virtual(coro: Any) -> Any:
-    """Run a coroutine to completion on a fresh ``VirtualLoop`` and close the loop."""
-    loop = VirtualLoop()
-    try:
-        return loop.run_until_complete(coro)
-    finally:
-        loop.close()
+    """Run a coroutine on a fresh rollart.resource VirtualTimeLoop (aliased here as ``VirtualLoop``); return its result."""
+    # deps: rollart.resource.virtual_time.run_virtual
+    return _run_virtual(coro).result

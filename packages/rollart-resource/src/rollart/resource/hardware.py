@@ -9,6 +9,9 @@ normalised cost H20 = 1.00, H800 = 2.85; here re-normalised to H800 = 1.0, so H2
 H100 SXM, H200 SXM, A100 80GB SXM: NVIDIA datasheets (dense BF16 tensor TFLOPS, HBM, NVLink).
 Their costs are ESTIMATES from public cloud list prices relative to H100 ~ H800 = 1.0.
 ``interconnect_gbps`` is the intra-node GPU interconnect in GB/s (Table 2's "NVLink bandwidth").
+``network_gbps`` (per-device inter-node NIC, GB/s) and ``gpus_per_node`` feed the simulator's
+collectives (design D14). NIC figures are ESTIMATES from NVIDIA's HGX reference designs: one 400 Gb/s
+NDR InfiniBand NIC per GPU (50 GB/s) for H800/H100/H200/H20, 200 Gb/s HDR (25 GB/s) for A100.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class HardwareSpec:
         hbm_tbps: device memory bandwidth in TB/s.
         interconnect_gbps: intra-node interconnect bandwidth in GB/s.
         cost: cost per device-hour, normalised so that H800 = 1.0.
+        network_gbps: inter-node bandwidth per device in GB/s (its NIC; an ESTIMATE for the built-ins).
+        gpus_per_node: devices that share the intra-node interconnect.
     """
 
     name: str
@@ -41,6 +46,8 @@ class HardwareSpec:
     hbm_tbps: float
     interconnect_gbps: float
     cost: float
+    network_gbps: float = 25.0
+    gpus_per_node: int = 8
 
     def __post_init__(self) -> None:
         """Reject specs that would make a roofline estimate meaningless (NaN, negative, zero compute)."""
@@ -80,6 +87,28 @@ class HardwareSpec:
         if not self.cost > 0:
             raise ResourceError(f"self.cost must be > 0, got {self.cost!r}")
         # <<< generated
+        # VAL: VAL_POSITIVE(self.network_gbps, exc=ResourceError)
+        # >>> generated VAL_POSITIVE #9913000579 (edit the annotation, not this block)
+        if not self.network_gbps > 0:
+            raise ResourceError(f"self.network_gbps must be > 0, got {self.network_gbps!r}")
+        # <<< generated
+        # VAL: VAL_INT_RANGE(self.gpus_per_node, min=1, max=1024, exc=ResourceError)
+        # >>> generated VAL_INT_RANGE #7aebdaf55d (edit the annotation, not this block)
+        if isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int) or not (1 <= self.gpus_per_node <= 1024):
+            raise ResourceError(f"self.gpus_per_node must be an integer in [{ 1 }, { 1024 }], got {self.gpus_per_node!r}")
+        # <<< generated
+
+    def collective_gbps(self, devices: int) -> float:
+        """Per-device bandwidth of a ring over `devices` of this type: NVLink inside a node, the NIC beyond."""
+        # deps: none
+        # VAL: VAL_INT_RANGE(devices, min=1, max=1 << 20, exc=ResourceError)
+        # >>> generated VAL_INT_RANGE #113ed0d83a (edit the annotation, not this block)
+        if isinstance(devices, bool) or not isinstance(devices, int) or not (1 <= devices <= 1 << 20):
+            raise ResourceError(f"devices must be an integer in [{ 1 }, { 1 << 20 }], got {devices!r}")
+        # <<< generated
+        if devices <= self.gpus_per_node:
+            return self.interconnect_gbps
+        return min(self.interconnect_gbps, self.network_gbps)
 
 
 _H800_COST_IN_H20_UNITS = 2.85  # paper Table 2: H20 = 1.00, H800 = 2.85
@@ -89,15 +118,20 @@ BUILTIN_HARDWARE: Mapping[str, HardwareSpec] = MappingProxyType(
         spec.name: spec
         for spec in (
             # paper Table 2
-            HardwareSpec("H800", tflops_bf16=989.5, hbm_gb=80, hbm_tbps=3.35, interconnect_gbps=400, cost=1.0),
+            HardwareSpec("H800", tflops_bf16=989.5, hbm_gb=80, hbm_tbps=3.35, interconnect_gbps=400, cost=1.0,
+                         network_gbps=50),
             HardwareSpec("H20", tflops_bf16=148, hbm_gb=96, hbm_tbps=4.0, interconnect_gbps=900,
-                         cost=1.0 / _H800_COST_IN_H20_UNITS),
+                         cost=1.0 / _H800_COST_IN_H20_UNITS, network_gbps=50),
             # NVIDIA datasheets; costs are estimates relative to H800 = 1.0
-            HardwareSpec("H100", tflops_bf16=989.5, hbm_gb=80, hbm_tbps=3.35, interconnect_gbps=900, cost=1.0),
-            HardwareSpec("H200", tflops_bf16=989.5, hbm_gb=141, hbm_tbps=4.8, interconnect_gbps=900, cost=1.3),
-            HardwareSpec("A100", tflops_bf16=312, hbm_gb=80, hbm_tbps=2.039, interconnect_gbps=600, cost=0.5),
+            HardwareSpec("H100", tflops_bf16=989.5, hbm_gb=80, hbm_tbps=3.35, interconnect_gbps=900, cost=1.0,
+                         network_gbps=50),
+            HardwareSpec("H200", tflops_bf16=989.5, hbm_gb=141, hbm_tbps=4.8, interconnect_gbps=900, cost=1.3,
+                         network_gbps=50),
+            HardwareSpec("A100", tflops_bf16=312, hbm_gb=80, hbm_tbps=2.039, interconnect_gbps=600, cost=0.5,
+                         network_gbps=25),
             # a CPU node slot for environments and sandboxes: little compute, no HBM, Ethernet (25 GB/s)
-            HardwareSpec("CPU", tflops_bf16=1.0, hbm_gb=0, hbm_tbps=0, interconnect_gbps=25, cost=0.02),
+            HardwareSpec("CPU", tflops_bf16=1.0, hbm_gb=0, hbm_tbps=0, interconnect_gbps=25, cost=0.02,
+                         network_gbps=25, gpus_per_node=1),
         )
     }
 )

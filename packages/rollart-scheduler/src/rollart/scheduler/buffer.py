@@ -9,6 +9,7 @@ section of the event loop, and a postcondition re-checks every batch.
 from __future__ import annotations
 
 import asyncio
+import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -45,13 +46,20 @@ class TrajectoryRecord:
     reason: str = ""
 
 
+NO_VERSION = 2**62
+
+
 @dataclass
 class _Group:
     seq: int
     members: list[BufferedTrajectory] = field(default_factory=list)
+    oldest: int = NO_VERSION  # min of the members' oldest versions, kept as members arrive (D20)
 
     def min_version(self) -> int:
-        return min((oldest_version(t) for t in self.members), default=2**62)
+        return self.oldest
+
+
+_Entry = tuple[int, int, str]  # (oldest version, group seq, group id): the order of eviction and of batches
 
 
 def group_task(group_id: str) -> str:
@@ -62,10 +70,10 @@ def group_task(group_id: str) -> str:
 def oldest_version(trajectory: BufferedTrajectory) -> int:
     """The oldest weight version that produced any token (D1); -1 when none is known."""
     # deps: BufferedTrajectory.weight_versions
-    versions = [v for v in trajectory.weight_versions() if v is not None]
-    if not versions:
-        return -1
-    return min(versions)
+    versions = trajectory.weight_versions()
+    if None in versions:  # rare: filter only then (this runs on every put)
+        versions = [v for v in versions if v is not None]
+    return min(versions) if versions else -1
 
 
 class SampleBuffer:
@@ -118,6 +126,9 @@ class SampleBuffer:
         self._closed_groups: dict[str, str] = {}  # group id -> "consumed" or the abort reason
         self._seq = 0
         self._changed: asyncio.Event | None = None
+        self._by_version: list[_Entry] = []  # every open group, lazily invalidated (D20)
+        self._ready: dict[str | None, list[_Entry]] = {}  # complete groups per task (None: unbalanced)
+        self._buffered = 0
 
     @property
     def version(self) -> int:
@@ -133,6 +144,7 @@ class SampleBuffer:
         self._closed_groups[group_id] = reason
         ids: list[str] = []
         if group is not None:
+            self._buffered -= len(group.members)
             for t in group.members:
                 rec = self._records[t.id]
                 rec.state = ABORTED
@@ -140,10 +152,28 @@ class SampleBuffer:
                 ids.append(t.id)
         return ids
 
+    def _live(self, entry: _Entry) -> bool:
+        group = self._groups.get(entry[2])
+        return group is not None and group.seq == entry[1] and group.oldest == entry[0]
+
+    def _compact(self, heap: list[_Entry]) -> list[_Entry]:
+        """A heap without its dead entries: called when it holds more than twice the open groups
+        (plus 64), so memory stays O(groups) and the rebuild is amortised O(1) per entry."""
+        live = [e for e in heap if self._live(e)]
+        heapq.heapify(live)
+        return live
+
     def _evict_stale(self) -> list[str]:
+        """Abort every group whose oldest version is below the floor: pops the version heap, O(log n) each."""
         floor = self._version - self.alpha
+        heap = self._by_version
+        stale: list[_Entry] = []
+        while heap and heap[0][0] < floor:
+            entry = heapq.heappop(heap)
+            if self._live(entry):
+                stale.append(entry)
         evicted: list[str] = []
-        for gid in [g for g, grp in self._groups.items() if grp.min_version() < floor]:
+        for _, _, gid in sorted(stale, key=lambda e: e[1]):  # arrival order, as the scan did
             evicted += self._abort_group(gid, f"stale: oldest version below {floor} (version {self._version}, alpha {self.alpha})")
         return evicted
 
@@ -181,7 +211,21 @@ class SampleBuffer:
             record.state, record.reason = ABORTED, f"group {gid} already has {self.group_size} members"
             return
         group.members.append(trajectory)
-        self._evict_stale()
+        self._buffered += 1
+        limit = 2 * len(self._groups) + 64
+        if version < group.oldest:
+            group.oldest = version
+            heapq.heappush(self._by_version, (version, group.seq, gid))
+            if len(self._by_version) > limit:
+                self._by_version = self._compact(self._by_version)
+        if len(group.members) == self.group_size:
+            key = self.task_of(gid) if self.tasks else None
+            heap = self._ready.setdefault(key, [])
+            heapq.heappush(heap, (group.oldest, group.seq, gid))
+            if len(heap) > limit:
+                self._ready[key] = self._compact(heap)
+        if self._by_version[0][0] < self._version - self.alpha:
+            self._evict_stale()
         self._notify()
 
     def set_version(self, version: int) -> list[str]:
@@ -210,24 +254,37 @@ class SampleBuffer:
         self._notify()
         return ids
 
-    def _ready_groups(self) -> list[tuple[str, _Group]]:
-        ready = [(gid, g) for gid, g in self._groups.items() if len(g.members) == self.group_size]
-        ready.sort(key=lambda item: (item[1].min_version(), item[1].seq))
-        return ready
-
     def _quotas(self, groups: int) -> dict[str, int]:
         k = len(self.tasks)
         return {task: groups // k + (1 if i < groups % k else 0) for i, task in enumerate(self.tasks)}
 
+    def _oldest_ready(self, key: str | None, quota: int) -> list[tuple[str, _Group]]:
+        """Up to `quota` complete in-bound groups of a task, oldest first; the heap is left as it was
+        (minus dead entries). O(quota log n) plus the out-of-bound groups not yet evicted."""
+        heap = self._ready.get(key, [])
+        floor = self._version - self.alpha
+        popped: list[_Entry] = []
+        chosen: list[tuple[str, _Group]] = []
+        while heap and len(chosen) < quota:
+            entry = heapq.heappop(heap)
+            if not self._live(entry):
+                continue
+            popped.append(entry)
+            if entry[0] >= floor:
+                chosen.append((entry[2], self._groups[entry[2]]))
+        for entry in popped:
+            heapq.heappush(heap, entry)
+        return chosen
+
     def _select(self, n: int) -> list[tuple[str, _Group]] | None:
         """The groups a batch of n would take now (oldest first, per task when balanced), or None."""
-        ready = [(gid, g) for gid, g in self._ready_groups() if g.min_version() >= self._version - self.alpha]
         groups = n // self.group_size
         if not self.tasks:
-            return ready[:groups] if len(ready) >= groups else None
+            ready = self._oldest_ready(None, groups)
+            return ready if len(ready) >= groups else None
         chosen: list[tuple[str, _Group]] = []
         for task, quota in self._quotas(groups).items():
-            mine = [item for item in ready if self.task_of(item[0]) == task][:quota]
+            mine = self._oldest_ready(task, quota)
             if len(mine) < quota:
                 return None
             chosen += mine
@@ -237,10 +294,11 @@ class SampleBuffer:
         """Whether get_batch(n) could return now: enough complete, in-bound groups (per task when balanced)."""
         return self._select(n) is not None
 
-    def _take(self, n: int) -> list[BufferedTrajectory]:
+    def _take(self, n: int, chosen: list[tuple[str, _Group]] | None = None) -> list[BufferedTrajectory]:
         batch: list[BufferedTrajectory] = []
-        for gid, group in self._select(n) or []:
+        for gid, group in (chosen if chosen is not None else self._select(n)) or []:
             del self._groups[gid]
+            self._buffered -= len(group.members)
             self._closed_groups[gid] = CONSUMED
             for t in group.members:
                 self._records[t.id].state = CONSUMED
@@ -277,8 +335,9 @@ class SampleBuffer:
         deadline = loop.time() + timeout_s
         while True:
             self._evict_stale()
-            if self.can_take(n):
-                batch = self._take(n)
+            chosen = self._select(n)  # can_take, without selecting twice
+            if chosen is not None:
+                batch = self._take(n, chosen)
                 break
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -309,7 +368,7 @@ class SampleBuffer:
 
     def buffered_count(self) -> int:
         """Trajectories held (complete groups or not)."""
-        return sum(len(g.members) for g in self._groups.values())
+        return self._buffered
 
     def records(self) -> dict[str, TrajectoryRecord]:
         """Every id ever put, with its state and abort reason (the accounting invariant)."""

@@ -46,7 +46,10 @@ class LocalTrainer:
         return self.inner.version
 
     async def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """One step in a worker thread."""
+        """One step in a worker thread; a simulated trainer waits its modelled time on the loop's clock."""
+        step_async = getattr(self.inner, "train_step_async", None)
+        if step_async is not None:
+            return await step_async(batch)
         return await asyncio.to_thread(self.inner.train_step, batch)
 
     async def named_tensors(self) -> dict[str, Any]:

@@ -8,6 +8,7 @@ production sees fail-slow and fail-stop environments (§8); the wrapper reproduc
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from dataclasses import dataclass
 
@@ -54,6 +55,25 @@ class LatencyDistribution:
         if self.kind == "lognormal":
             return rng.lognormvariate(self.mean, self.std)
         return max(0.0, self.mean)
+
+    @classmethod
+    def lognormal_with_mean(cls, mean_s: float, sigma: float) -> LatencyDistribution:
+        """A long-tailed lognormal whose mean is `mean_s` (mu = ln(mean_s) - sigma^2 / 2, D12).
+
+        Why: traces give a mean and a spread, not the log-parameters `lognormal` takes.
+        """
+        # deps: none
+        # VAL: VAL_POSITIVE(mean_s, exc=EnvError)
+        # >>> generated VAL_POSITIVE #abff05f88b (edit the annotation, not this block)
+        if not mean_s > 0:
+            raise EnvError(f"mean_s must be > 0, got {mean_s!r}")
+        # <<< generated
+        # VAL: VAL_NON_NEGATIVE(sigma, exc=EnvError)
+        # >>> generated VAL_NON_NEGATIVE #c841270ed7 (edit the annotation, not this block)
+        if not sigma >= 0:
+            raise EnvError(f"sigma must be >= 0, got {sigma!r}")
+        # <<< generated
+        return cls("lognormal", math.log(mean_s) - sigma * sigma / 2.0, sigma)
 
 
 class LatencyWrapper:

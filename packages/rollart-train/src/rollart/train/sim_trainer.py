@@ -1,0 +1,185 @@
+"""`trainer: sim`: a train-step cost model behind the trainer seam, for cluster simulations.
+
+It is a *simulation*, named as such (design D12): no weights, no gradients. A step on a batch of
+T real tokens on n devices takes ``6 P T / (n F mfu)`` of compute plus a ring all-reduce of the
+gradients, ``2 (n-1)/n x P x grad_bytes / bandwidth``, with F and the bandwidth from the hardware
+catalogue of rollart-resource. ``train_step_async`` waits that time with ``asyncio.sleep``, so under
+rollart-resource's ``VirtualTimeLoop`` a step of minutes costs microseconds of wall time.
+
+Example:
+    ```python
+    trainer = SimTrainer(8.2e9, BUILTIN_HARDWARE["H800"], devices=64)
+    metrics = await trainer.train_step_async(batch)   # sleeps metrics["step_s"] on the loop's clock
+    ```
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from rollart.resource.hardware import HardwareSpec
+from rollart.train.batch import TrainBatch
+from rollart.train.errors import TrainError
+
+
+@dataclass(frozen=True)
+class TrainStepCost:
+    """The modelled time of one train step, split into its parts (seconds)."""
+
+    compute_s: float
+    allreduce_s: float
+    tokens: int
+    devices: int
+
+    @property
+    def step_s(self) -> float:
+        """compute + all-reduce (not overlapped)."""
+        return self.compute_s + self.allreduce_s
+
+
+def train_step_cost(n_params: float, tokens: int, devices: int, hardware: HardwareSpec, *, mfu: float = 0.4,
+                    grad_bytes_per_param: float = 2.0) -> TrainStepCost:
+    """6 P T / (n F mfu) plus a ring all-reduce of the gradients over the hardware's collective bandwidth (D12)."""
+    # deps: HardwareSpec.collective_gbps
+    # VAL: VAL_POSITIVE(n_params, exc=TrainError)
+    # >>> generated VAL_POSITIVE #00fd2b334a (edit the annotation, not this block)
+    if not n_params > 0:
+        raise TrainError(f"n_params must be > 0, got {n_params!r}")
+    # <<< generated
+    # VAL: VAL_INT_RANGE(tokens, min=0, max=1 << 50, exc=TrainError)
+    # >>> generated VAL_INT_RANGE #269750f935 (edit the annotation, not this block)
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or not (0 <= tokens <= 1 << 50):
+        raise TrainError(f"tokens must be an integer in [{ 0 }, { 1 << 50 }], got {tokens!r}")
+    # <<< generated
+    # VAL: VAL_INT_RANGE(devices, min=1, max=1 << 20, exc=TrainError)
+    # >>> generated VAL_INT_RANGE #ea4a3a7bce (edit the annotation, not this block)
+    if isinstance(devices, bool) or not isinstance(devices, int) or not (1 <= devices <= 1 << 20):
+        raise TrainError(f"devices must be an integer in [{ 1 }, { 1 << 20 }], got {devices!r}")
+    # <<< generated
+    # AST: AST_PRECONDITION(0.0 < mfu <= 1.0, got=mfu, msg="mfu in (0, 1]", exc=TrainError)
+    # >>> generated AST_PRECONDITION #32104c4b74 (edit the annotation, not this block)
+    if not (0.0 < mfu <= 1.0):
+        raise TrainError(f"Pre-condition: mfu in (0, 1], got {mfu!r}")
+    # <<< generated
+    # VAL: VAL_POSITIVE(grad_bytes_per_param, exc=TrainError)
+    # >>> generated VAL_POSITIVE #189ec4589e (edit the annotation, not this block)
+    if not grad_bytes_per_param > 0:
+        raise TrainError(f"grad_bytes_per_param must be > 0, got {grad_bytes_per_param!r}")
+    # <<< generated
+    compute = 6.0 * n_params * tokens / (devices * hardware.tflops_bf16 * 1e12 * mfu)
+    allreduce = 0.0
+    if devices > 1:
+        grad_bytes = n_params * grad_bytes_per_param
+        allreduce = 2.0 * (devices - 1) / devices * grad_bytes / (hardware.collective_gbps(devices) * 1e9)
+    return TrainStepCost(compute, allreduce, tokens, devices)
+
+
+@runtime_checkable
+class AsyncStepTrainer(Protocol):
+    """The optional awaitable step a simulated trainer offers (D13)."""
+
+    async def train_step_async(self, batch: TrainBatch) -> dict[str, float]:
+        """One step that waits its modelled time on the running loop's clock."""
+        ...
+
+
+class SimTrainer:
+    """`trainer: sim`: a train-step cost model with the PolicyTrainer surface and no weights (D12)."""
+
+    def __init__(self, n_params: float, hardware: HardwareSpec, devices: int, *, mfu: float = 0.4,
+                 grad_bytes_per_param: float = 2.0, weight_bytes_per_param: float = 2.0, lr: float = 1e-6,
+                 version: int = 0) -> None:
+        """Check the figures once (a bad one fails here, not at the first step)."""
+        # deps: train_step_cost
+        # VAL: VAL_INT_RANGE(version, min=0, max=2**62, exc=TrainError)
+        # >>> generated VAL_INT_RANGE #ea3cdcf7fd (edit the annotation, not this block)
+        if isinstance(version, bool) or not isinstance(version, int) or not (0 <= version <= 2 ** 62):
+            raise TrainError(f"version must be an integer in [{ 0 }, { 2 ** 62 }], got {version!r}")
+        # <<< generated
+        # VAL: VAL_POSITIVE(weight_bytes_per_param, exc=TrainError)
+        # >>> generated VAL_POSITIVE #e9ce1b69dc (edit the annotation, not this block)
+        if not weight_bytes_per_param > 0:
+            raise TrainError(f"weight_bytes_per_param must be > 0, got {weight_bytes_per_param!r}")
+        # <<< generated
+        train_step_cost(n_params, 0, devices, hardware, mfu=mfu, grad_bytes_per_param=grad_bytes_per_param)
+        self.n_params = n_params
+        self.hardware = hardware
+        self.devices = devices
+        self.mfu = mfu
+        self.grad_bytes_per_param = grad_bytes_per_param
+        self.weight_bytes_per_param = weight_bytes_per_param
+        self.lr = lr
+        self._version = version
+
+    @property
+    def version(self) -> int:
+        """Steps taken; the weight version published."""
+        return self._version
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes a weight update moves: parameters x bytes per parameter."""
+        return self.n_params * self.weight_bytes_per_param
+
+    def step_cost(self, batch: TrainBatch) -> TrainStepCost:
+        """The modelled cost of a step on `batch` (its real tokens)."""
+        # deps: train_step_cost
+        tokens = int(batch.attention_mask.sum())
+        return train_step_cost(self.n_params, tokens, self.devices, self.hardware, mfu=self.mfu,
+                               grad_bytes_per_param=self.grad_bytes_per_param)
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """Bookkeeping of one step at once; `step_s` reports the modelled time (no wait)."""
+        # deps: SimTrainer.step_cost
+        return self._account(batch, self.step_cost(batch))
+
+    def _account(self, batch: TrainBatch, cost: TrainStepCost) -> dict[str, float]:
+        self._version += 1
+        return {
+            "loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0, "ratio_mean": 0.0,
+            "grad_norm": 0.0,  # a simulation does not learn: the torch trainer's keys, zero values
+            "policy_tokens": float(batch.loss_mask.sum()),
+            "sequences": float(batch.num_sequences),
+            "micro_batches": 1.0,
+            "lr": self.lr,
+            "version": float(self._version),
+            "step_s": cost.step_s,
+            "compute_s": cost.compute_s,
+            "allreduce_s": cost.allreduce_s,
+            "tokens": float(cost.tokens),
+        }
+
+    async def train_step_async(self, batch: TrainBatch) -> dict[str, float]:
+        """Wait the modelled step time on the loop's clock, then the bookkeeping of `train_step`."""
+        # deps: SimTrainer.step_cost, SimTrainer.train_step
+        cost = self.step_cost(batch)
+        await asyncio.sleep(cost.step_s)
+        return self._account(batch, cost)
+
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        """A version token, not weights: `{"sim.version": tensor([version])}`."""
+        return {"sim.version": torch.tensor([self._version], dtype=torch.int64)}
+
+    def save_checkpoint(self, path: str | Path) -> None:
+        """Write the version (JSON) atomically."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({"kind": "sim", "version": self._version, "n_params": self.n_params}))
+        os.replace(tmp, path)
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Restore the version."""
+        state = json.loads(Path(path).read_text())
+        # AST: AST_PRECONDITION(state.get("kind") == "sim", got=state.get("kind"), msg="a SimTrainer checkpoint", exc=TrainError)
+        # >>> generated AST_PRECONDITION #d462e02081 (edit the annotation, not this block)
+        if not (state.get('kind') == 'sim'):
+            raise TrainError(f"Pre-condition: a SimTrainer checkpoint, got {state.get('kind')!r}")
+        # <<< generated
+        self._version = int(state["version"])

@@ -1,0 +1,77 @@
+"""Steps 9-10 (D12, D13): the simulated trainer's cost model against hand-computed figures."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rollart.resource.hardware import BUILTIN_HARDWARE
+from rollart.resource.virtual_time import run_virtual
+from rollart.train.batch import TrainSample, build_train_batch
+from rollart.train.errors import TrainError
+from rollart.train.protocols import PolicyTrainer
+from rollart.train.sim_trainer import AsyncStepTrainer, SimTrainer, train_step_cost
+
+H800 = BUILTIN_HARDWARE["H800"]
+
+
+def test_cost_matches_the_hand_computed_roofline():
+    """Design D12: Qwen3-8B, 512 x 8,192 tokens, on 64 and on 8 H800 (mfu 0.4)."""
+    c64 = train_step_cost(8.2e9, 512 * 8192, 64, H800)
+    assert c64.compute_s == pytest.approx(8.146466, rel=1e-6)
+    assert c64.allreduce_s == pytest.approx(0.64575, rel=1e-6)  # 2 x 63/64 x 16.4 GB / 50 GB/s (NIC)
+    assert c64.step_s == pytest.approx(8.792216, rel=1e-6)
+    c8 = train_step_cost(8.2e9, 512 * 8192, 8, H800)
+    assert c8.compute_s == pytest.approx(65.171727, rel=1e-6)
+    assert c8.allreduce_s == pytest.approx(0.07175, rel=1e-6)  # one node: NVLink 400 GB/s
+    assert train_step_cost(8.2e9, 1000, 1, H800).allreduce_s == 0.0
+
+
+def test_bad_figures_name_the_field():
+    with pytest.raises(TrainError, match="n_params"):
+        train_step_cost(0, 10, 1, H800)
+    with pytest.raises(TrainError, match="devices"):
+        train_step_cost(1e9, 10, 0, H800)
+    with pytest.raises(TrainError, match="mfu"):
+        SimTrainer(1e9, H800, 8, mfu=1.5)
+    with pytest.raises(TrainError, match="version"):
+        SimTrainer(1e9, H800, 8, version=-1)
+
+
+def batch(n_seq: int, length: int):
+    samples = [TrainSample(token_ids=list(range(1, length + 1)), policy_mask=[0] * (length // 2) + [1] * (length - length // 2),
+                           behaviour_log_probs=[0.0] * length, reward=float(i % 2), group_id=i // 2) for i in range(n_seq)]
+    return build_train_batch(samples, pad_token_id=0)
+
+
+def test_sim_trainer_waits_its_modelled_time_in_virtual_time():
+    trainer = SimTrainer(8.2e9, H800, 64)
+    b = batch(4, 1000)
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        m = await trainer.train_step_async(b)
+        return m, loop.time() - t0
+
+    m, waited = run_virtual(go()).result
+    expected = train_step_cost(8.2e9, 4000, 64, H800)
+    assert waited == pytest.approx(expected.step_s) and m["step_s"] == pytest.approx(expected.step_s)
+    assert m["tokens"] == 4000 and m["version"] == 1.0 and trainer.version == 1
+    assert isinstance(trainer, AsyncStepTrainer)
+
+
+def test_metrics_have_the_torch_trainers_keys_and_checkpoints_restore_the_version(tmp_path):
+    trainer = SimTrainer(1e9, BUILTIN_HARDWARE["H20"], 16)
+    assert isinstance(trainer, PolicyTrainer)
+    m = trainer.train_step(batch(2, 10))
+    torch_keys = {"loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean", "grad_norm", "policy_tokens",
+                  "sequences", "micro_batches", "lr", "version"}
+    assert torch_keys <= set(m) and m["policy_tokens"] == 10 and m["sequences"] == 2
+    assert trainer.named_tensors()["sim.version"].tolist() == [1]
+    assert trainer.weight_bytes == 2e9
+    trainer.save_checkpoint(tmp_path / "t.json")
+    fresh = SimTrainer(1e9, BUILTIN_HARDWARE["H20"], 16)
+    fresh.load_checkpoint(tmp_path / "t.json")
+    assert fresh.version == 1
