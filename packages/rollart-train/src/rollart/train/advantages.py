@@ -29,7 +29,7 @@ def grpo_advantages(
     The std is the population std (divide by n, not n-1) so a group of one is defined (its
     advantage is 0) instead of NaN. `normalize_std=False` gives the Dr.GRPO variant, which
     avoids up-weighting groups whose rewards barely differ. A group whose std is at most
-    `zero_std_tol * max(1, max |reward|)` carries no signal (equal rewards up to rounding) and
+    `zero_std_tol * max(1, |group mean|)` carries no signal (equal rewards up to rounding) and
     gets exactly 0 in both variants. Computed in float64, returned in the rewards' floating dtype
     (float64 for integer rewards).
     """
@@ -56,7 +56,7 @@ def grpo_advantages(
     centered = rewards - means[inverse]
     sq = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, inverse, centered * centered)
     stds = torch.sqrt(sq / counts.to(torch.float64))
-    scale = torch.zeros(num_groups, dtype=torch.float64).index_reduce_(0, inverse, rewards.abs(), "amax").clamp(min=1.0)
+    scale = means.abs().clamp(min=1.0)  # the rounding residue of equal rewards scales with their value
     flat = (stds <= zero_std_tol * scale)[inverse]
     advantages = centered / (stds[inverse] + eps) if normalize_std else centered
     out_dtype = rewards_dtype if rewards_dtype.is_floating_point else torch.float64
