@@ -8,7 +8,7 @@ PACKAGES := resource env reward proxy sync train scheduler
 EDITABLES := $(foreach p,$(PACKAGES),-e packages/rollart-$(p)$(if $(filter proxy,$(p)),[torch],))
 SRC_DIRS := packages scripts validation_patterns tests examples conftest.py
 
-.PHONY: help install test test-fast check lint layering expand expand-check design-check docs demo bench install-alone clean
+.PHONY: help install system-libs test test-fast check lint layering expand expand-check design-check docs demo bench install-alone clean
 
 help:
 	@echo "make demo    - run the CPU demo pipeline (creates .venv on first use)"
@@ -18,7 +18,7 @@ help:
 	@echo "make bench   - run the benchmarks in scripts/bench/"
 	@echo "make expand  - expand # VAL: / # AST: annotations into generated blocks"
 
-install: $(STAMP)
+install: $(STAMP) system-libs
 
 $(STAMP): requirements-dev.txt constraints-dev.txt $(foreach p,$(PACKAGES),packages/rollart-$(p)/pyproject.toml)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,10 +29,14 @@ $(STAMP): requirements-dev.txt constraints-dev.txt $(foreach p,$(PACKAGES),packa
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $(STAMP)
 
-test: $(STAMP)
+# Mooncake needs Debian's libibverbs1: installed when root + apt-get, else one line says the tests skip
+system-libs:
+	@bash scripts/ensure_libibverbs.sh
+
+test: $(STAMP) system-libs
 	$(PY) -m pytest -q
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) system-libs
 	$(PY) -m pytest -q -m "not slow"
 
 check: $(STAMP) lint layering expand-check design-check
@@ -40,8 +44,9 @@ check: $(STAMP) lint layering expand-check design-check
 lint:
 	$(VENV)/bin/ruff check $(SRC_DIRS)
 
+# lint-imports on this tree's packages/*/src, not the checkout the venv's editable installs point at
 layering:
-	$(VENV)/bin/lint-imports
+	$(PY) scripts/check_layering.py
 
 expand: $(STAMP)
 	$(PY) scripts/expand_annotations.py expand

@@ -209,7 +209,47 @@ def parse_steps(section: list[tuple[int, str]], report: Report) -> list[Step]:
     return steps
 
 
+def _is_unconditional_skip(node: ast.expr) -> bool:
+    """`pytest.mark.skip`, `pytest.mark.skip(...)`, `unittest.skip(...)`, `pytest.mark.skipif(True, ...)`.
+
+    Conditional skips (`skipif` on a real condition, `importorskip`) are how optional backends are
+    tested and stay allowed; a skip that always applies means the test never runs.
+    """
+    call = node if isinstance(node, ast.Call) else None
+    target = call.func if call is not None else node
+    name = target.attr if isinstance(target, ast.Attribute) else target.id if isinstance(target, ast.Name) else ""
+    if name == "skip":
+        return True
+    if name == "skipif" and call is not None:
+        cond = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "condition"), None)
+        return isinstance(cond, ast.Constant) and bool(cond.value)
+    return False
+
+
+def _marks_of(value: ast.expr) -> list[ast.expr]:
+    return list(value.elts) if isinstance(value, (ast.List, ast.Tuple)) else [value]
+
+
+def _skip_marks(tree: ast.Module, chain: list[ast.stmt]) -> str | None:
+    """Where a test is unconditionally skipped: module `pytestmark`, a decorator, or a first-line `pytest.skip()`."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
+            if any(_is_unconditional_skip(m) for m in _marks_of(node.value)):
+                return "the module's pytestmark skips it"
+    for node in chain:
+        for deco in getattr(node, "decorator_list", []):
+            if _is_unconditional_skip(deco):
+                return f"{node.name} is decorated with an unconditional skip"
+        for stmt in getattr(node, "body", [])[:2]:
+            if (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+                    and isinstance(stmt.value.func, ast.Attribute) and stmt.value.func.attr == "skip"
+                    and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))):
+                return f"{node.name} calls skip() unconditionally"
+    return None
+
+
 def check_test_exists(ref: str) -> str | None:
+    """None if the listed test exists and can run; a DONE step's test that is always skipped proves nothing."""
     path, _, name = ref.partition("::")
     file = ROOT / path
     if not file.is_file():
@@ -219,6 +259,7 @@ def check_test_exists(ref: str) -> str | None:
     tree = ast.parse(file.read_text())
     parts = name.replace("::", ".").split(".")
     scope: list[ast.stmt] = tree.body
+    chain: list[ast.stmt] = []
     for part in parts:
         match = next((n for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
                       and n.name == part), None)
@@ -226,10 +267,12 @@ def check_test_exists(ref: str) -> str | None:
             # module-level assignment, e.g. TestMachine = Machine.TestCase
             if any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == part for t in n.targets)
                    for n in scope):
-                return None
+                break
             return f"test {name!r} not found in {path}"
+        chain.append(match)
         scope = getattr(match, "body", [])
-    return None
+    skipped = _skip_marks(tree, chain)
+    return f"test {name!r} in {path} is marked skip ({skipped}): it never runs" if skipped else None
 
 
 def module_file(package: str, module: str) -> Path | None:

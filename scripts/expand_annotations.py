@@ -14,14 +14,19 @@ Right under each annotation line the tool keeps one generated block:
 The hash is taken over the block's code when it was written, so `check` can tell a block that
 someone edited by hand (hash no longer matches the code) from a block that is merely stale
 (code matches its hash but the library or the annotation now renders differently).
-Annotations are found line by line: a line whose first non-blank text is `# VAL:` or `# AST:`.
+Annotations are found line by line: a line whose first non-blank text is `# VAL:` or `# AST:`,
+outside string literals (a test may hold annotated code in a string: that is data, not code).
+By default `check` and `expand` cover every tree that holds Python: packages/, scripts/ and
+examples/ (an unknown pattern id anywhere fails), resolved from the repository root.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import re
 import sys
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +43,8 @@ from validation_patterns.library import (  # noqa: E402
 ANNOTATION_RE = re.compile(r"^(?P<indent>\s*)# (?P<family>VAL|AST): (?P<call>.+?)\s*$")
 BEGIN_RE = re.compile(r"^\s*# >>> generated (?P<pid>\w+) #(?P<hash>[0-9a-f]{10})\b")
 END_RE = re.compile(r"^\s*# <<< generated\s*$")
-DEFAULT_ROOTS = ("packages",)
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_ROOTS = ("packages", "scripts", "examples")
 
 
 @dataclass(frozen=True)
@@ -58,16 +64,29 @@ def _block_lines(indent: str, annotation: Annotation) -> list[str]:
     return [head, *(indent + ln for ln in body), f"{indent}# <<< generated"]
 
 
+def _lines_inside_strings(text: str) -> set[int]:
+    """0-based indices of lines that continue a multi-line string literal (not code, not comments)."""
+    inside: set[int] = set()
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.STRING and tok.end[0] > tok.start[0]:
+                inside.update(range(tok.start[0], tok.end[0]))  # 1-based start+1..end == 0-based start..end-1
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return set()  # not parseable as a whole (a snippet): every line counts, as before
+    return inside
+
+
 def process_text(text: str, path: Path = Path("<text>")) -> tuple[str, list[Problem]]:
     """Return (expanded text, problems found in the input as it was)."""
     lines = text.split("\n")
+    in_strings = _lines_inside_strings(text)
     out: list[str] = []
     problems: list[Problem] = []
     i = 0
     while i < len(lines):
         line = lines[i]
         out.append(line)
-        match = ANNOTATION_RE.match(line)
+        match = ANNOTATION_RE.match(line) if i not in in_strings else None
         i += 1
         if not match:
             continue
@@ -111,7 +130,7 @@ def process_text(text: str, path: Path = Path("<text>")) -> tuple[str, list[Prob
 
 def iter_files(paths: list[str]) -> list[Path]:
     files: list[Path] = []
-    for p in map(Path, paths or DEFAULT_ROOTS):
+    for p in map(Path, paths or [str(REPO_ROOT / root) for root in DEFAULT_ROOTS]):
         if p.is_file():
             files.append(p)
         elif p.is_dir():
@@ -137,7 +156,8 @@ def check_paths(paths: list[str]) -> tuple[list[Problem], int]:
     count = 0
     for f in iter_files(paths):
         text = f.read_text()
-        count += sum(1 for ln in text.split("\n") if ANNOTATION_RE.match(ln))
+        in_strings = _lines_inside_strings(text)
+        count += sum(1 for i, ln in enumerate(text.split("\n")) if i not in in_strings and ANNOTATION_RE.match(ln))
         problems += process_text(text, f)[1]
     return problems, count
 

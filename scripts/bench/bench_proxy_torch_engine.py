@@ -11,7 +11,11 @@ Rows:
   TorchEngine               - continuous batching: finished requests leave the batch at once
 Useful tokens/s counts only the tokens each request asked for.
 
-    .venv/bin/python scripts/bench/bench_proxy_torch_engine.py [--quick]
+The three ways run in rounds (one of each per round, the order rotated each round) and the table
+gives the median over rounds with the min-max spread; ratios are medians of per-round ratios, so
+load that drifts between rounds on a shared machine cancels.
+
+    .venv/bin/python scripts/bench/bench_proxy_torch_engine.py [--quick] [--repeats N]
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import tempfile
 import time
 
 import torch
+from bench_stats import fmt, ratio_fmt, rounds
 from rich.console import Console
 from rich.table import Table
 
@@ -30,12 +35,16 @@ from rollart.proxy.testing import build_tiny_model, prompts_of_mixed_lengths
 from rollart.proxy.torch_engine import TorchEngine
 from rollart.proxy.types import EngineRequest, SamplingParams
 
+WAYS = ("hf generate, one by one", "hf generate, static batch", "TorchEngine (continuous)")
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeats", type=int, default=None, help="rounds per workload (default 3, quick 2)")
     args = parser.parse_args()
     n = 8 if args.quick else 32
+    repeats = args.repeats or (2 if args.quick else 3)
     torch.set_num_threads(1)
     from transformers import AutoModelForCausalLM
 
@@ -47,29 +56,36 @@ def main() -> None:
         "uniform 8-64": [rng.randint(8, 64) for _ in range(n)],
         "long tail (1 in 8 asks 256, others 16)": [256 if i % 8 == 0 else 16 for i in range(n)],
     }
-    table = Table(title=f"TorchEngine vs transformers.generate ({n} prompts of 3-24 tokens, greedy, 1 thread)")
+    table = Table(title=f"TorchEngine vs transformers.generate ({n} prompts of 3-24 tokens, greedy, 1 thread; "
+                        f"median (min-max) of {repeats} interleaved rounds)")
     for col in ("output budgets", "engine", "seconds", "useful tokens/s", "vs hf one by one", "vs hf static batch"):
         table.add_column(col, justify="right")
     for label, budgets in workloads.items():
-        for name, t in run_workload(model, prompts, budgets, n):
-            table.add_row(label, name, f"{t[0]:.2f}", f"{sum(budgets) / t[0]:.0f}", f"{t[1] / t[0]:.2f}x", f"{t[2] / t[0]:.2f}x")
-    Console(width=160).print(table)
+        seconds: dict[str, list[float]] = {w: [0.0] * repeats for w in WAYS}
+        for r, way in rounds(WAYS, repeats):
+            seconds[way][r] = time_one(way, model, prompts, budgets, n)
+        for way in WAYS:
+            t = seconds[way]
+            table.add_row(label, way, fmt(t), fmt([sum(budgets) / x for x in t], ".0f"),
+                          ratio_fmt(seconds[WAYS[0]], t), ratio_fmt(seconds[WAYS[1]], t))
+    Console(width=200).print(table)
 
 
-def run_workload(model, prompts, budgets, n):
-    """Time the three ways on one workload; return (name, (seconds, one_by_one_s, static_s)) rows."""
-    start = time.perf_counter()
-    for p, b in zip(prompts, budgets):
-        model.generate(torch.tensor([p]), max_new_tokens=b, do_sample=False, eos_token_id=None, pad_token_id=0)
-    one_by_one = time.perf_counter() - start
-
-    longest = max(map(len, prompts))
-    ids = torch.tensor([[0] * (longest - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts])
-    start = time.perf_counter()
-    model.generate(ids, attention_mask=mask, max_new_tokens=max(budgets), do_sample=False, eos_token_id=None, pad_token_id=0)
-    static = time.perf_counter() - start
-
+def time_one(way, model, prompts, budgets, n) -> float:
+    """Seconds of one way on one workload."""
+    if way == WAYS[0]:
+        start = time.perf_counter()
+        for p, b in zip(prompts, budgets):
+            model.generate(torch.tensor([p]), max_new_tokens=b, do_sample=False, eos_token_id=None, pad_token_id=0)
+        return time.perf_counter() - start
+    if way == WAYS[1]:
+        longest = max(map(len, prompts))
+        ids = torch.tensor([[0] * (longest - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts])
+        start = time.perf_counter()
+        model.generate(ids, attention_mask=mask, max_new_tokens=max(budgets), do_sample=False, eos_token_id=None,
+                       pad_token_id=0)
+        return time.perf_counter() - start
     engine = TorchEngine(model, max_num_seqs=n, offload_to_thread=False, max_prefills_per_step=n)
 
     async def run() -> int:
@@ -82,10 +98,9 @@ def run_workload(model, prompts, budgets, n):
 
     start = time.perf_counter()
     produced = asyncio.run(run())
-    continuous = time.perf_counter() - start
+    elapsed = time.perf_counter() - start
     assert produced == sum(budgets)
-    return [(name, (t, one_by_one, static)) for name, t in (("hf generate, one by one", one_by_one),
-            ("hf generate, static batch", static), ("TorchEngine (continuous)", continuous))]
+    return elapsed
 
 
 if __name__ == "__main__":

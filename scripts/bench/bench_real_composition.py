@@ -73,7 +73,7 @@ def spread(xs: list[float]) -> str:
 
 
 async def updates(checkpoint: str, variants: list[str], repeats: int) -> dict[str, list[float]]:
-    from bench_sync_channels import tcp_floor
+    from bench_sync_channels import TcpFloor
 
     from rollart.scheduler.builder import build_pipeline
     from rollart.scheduler.config import parse_config
@@ -81,6 +81,7 @@ async def updates(checkpoint: str, variants: list[str], repeats: int) -> dict[st
     pipes = {}
     times: dict[str, list[float]] = {v: [] for v in [*variants, "tcp floor"]}
     nbytes = 0
+    floor_link = TcpFloor()
     with tempfile.TemporaryDirectory() as d:
         try:
             for v in variants:
@@ -94,12 +95,13 @@ async def updates(checkpoint: str, variants: list[str], repeats: int) -> dict[st
                     nbytes = int(stats["sync_bytes"])
                     if r:
                         times[v].append(stats["sync_s"])
-                floor = tcp_floor([nbytes], 1)[nbytes]
+                floor = min(floor_link.send(nbytes) for _ in range(2))
                 if r:
                     times["tcp floor"].append(floor)
         finally:
             for p in pipes.values():
                 await p.close()
+            floor_link.close()
     times["_bytes"] = [float(nbytes)]
     return times
 

@@ -1,13 +1,23 @@
 """Pipeline modes on the CPU demo workload: tokens/s and step time, sync vs one_off vs async vs time_sharing.
 
-    python scripts/bench/bench_scheduler_modes.py [--quick]
+    python scripts/bench/bench_scheduler_modes.py [--quick] [--repeats N] [--iterations N]
 
 Every mode runs the same demo workload (tiny random-init model, FrozenLake + math, batch 64 in
-groups of 8, two rollout workers and one trainer device) in this one process, one after the
-other, with a warm-up iteration dropped; time_sharing runs twice, with the cost-aware default
-policy and with the ROLL-like "always shrink" policy. Ratios are against sync measured in the
-same run. On a CPU the "devices" are logical: lending a rollout worker to the trainer does not
-make the trainer faster here, so time_sharing shows its switch cost, not its speed-up.
+groups of 8, two rollout workers and one trainer device) in this one process; time_sharing runs
+twice, with the cost-aware default policy and with the ROLL-like "always shrink" policy. The modes
+run in rounds (one run of each per round, the order rotated each round; each run drops its
+warm-up iteration), and the table gives the median over rounds with the min-max spread. Ratios
+are per-round ratios against sync, so load that drifts between rounds on a shared machine cancels.
+
+Two token rates, because aborted trajectories cost generation but train nothing:
+  generated tok/s - every response token generated during the step, aborted trajectories included
+                    (the pipeline's own `tokens_per_s`);
+  trained tok/s   - the response tokens of the batches the trainer consumed, over the step time:
+                    the headline, and the ratio column.
+A row also says how many devices the time-sharing policy lent (the cost-aware policy may lend
+none, and then it measured the asynchronous pipeline plus its policy check, not time sharing).
+On a CPU the "devices" are logical: lending a rollout worker to the trainer does not make the
+trainer faster here, so time_sharing shows its switch cost, not its speed-up.
 """
 
 from __future__ import annotations
@@ -16,8 +26,9 @@ import argparse
 import asyncio
 import tempfile
 import time
-from statistics import mean
+from statistics import mean, median
 
+from bench_stats import fmt, ratio_fmt, rounds
 from rich.console import Console
 from rich.table import Table
 
@@ -43,16 +54,26 @@ def workload(mode: str, policy: str | None) -> dict:
 async def measure(mode: str, policy: str | None, iterations: int) -> dict:
     cfg = parse_config(workload(mode, policy))
     pipe = await build_pipeline(cfg, tempfile.mkdtemp(prefix=f"bench-{mode}-"))
+    trained: list[int] = []  # policy tokens of every batch the trainer consumed, in order
+    train_step = pipe.parts.trainer.train_step
+
+    def counting_train_step(batch):
+        trained.append(int(batch.num_policy_tokens))
+        return train_step(batch)
+
+    pipe.parts.trainer.train_step = counting_train_step
     t0 = time.perf_counter()
     try:
         recs = await pipe.run(iterations + 1)
     finally:
         await pipe.close()
     wall = time.perf_counter() - t0
-    recs = recs[1:]  # drop the warm-up iteration
+    recs, kept = recs[1:], trained[1:]  # drop the warm-up iteration
+    steps = sum(r["step_time_s"] for r in recs)
     return {
         "step_s": mean(r["step_time_s"] for r in recs),
-        "tokens_per_s": mean(r["tokens_per_s"] for r in recs),
+        "generated_tok_s": mean(r["tokens_per_s"] for r in recs),
+        "trained_tok_s": sum(kept) / steps,
         "train_s": mean(r["train_s"] for r in recs),
         "aborted": mean(r["aborted"] for r in recs),
         "switch_s": mean(r["switch_cost_s"] for r in recs),
@@ -62,20 +83,41 @@ async def measure(mode: str, policy: str | None, iterations: int) -> dict:
     }
 
 
+def label(name: str, lent: list[float]) -> str:
+    """Say what a time-sharing row measured: how many devices it actually lent."""
+    if not name.startswith("time_sharing"):
+        return name
+    if max(lent) == 0:
+        return f"{name}: lent 0 devices in every round (= async + policy check)"
+    return f"{name}: lent {median(lent):.1f} devices per iteration"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 measured iterations per mode instead of 10")
+    parser.add_argument("--quick", action="store_true", help="2 measured iterations and 2 rounds")
+    parser.add_argument("--iterations", type=int, default=None, help="measured iterations per run (default 5)")
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 3)")
     args = parser.parse_args(argv)
-    iterations = 3 if args.quick else 10
-    results = {name: asyncio.run(measure(mode, policy, iterations)) for name, mode, policy in MODES}
-    base = results["sync"]
-    table = Table(title=f"pipeline modes, CPU demo workload ({iterations} iterations each after 1 warm-up)")
-    for col in ("mode", "step s", "tokens/s", "vs sync (tokens/s)", "train s", "aborted/iter", "switch s", "lent"):
+    iterations = args.iterations or (2 if args.quick else 5)
+    repeats = args.repeats or (2 if args.quick else 3)
+    names = [name for name, _, _ in MODES]
+    spec = {name: (mode, policy) for name, mode, policy in MODES}
+    runs: dict[str, list[dict]] = {name: [{}] * repeats for name in names}
+    for r, name in rounds(names, repeats):
+        runs[name][r] = asyncio.run(measure(*spec[name], iterations))
+    base = [x["trained_tok_s"] for x in runs["sync"]]
+    table = Table(title=f"pipeline modes, CPU demo workload ({iterations} iterations per run after 1 warm-up; "
+                        f"median (min-max) of {repeats} interleaved rounds)")
+    for col in ("mode", "step s", "trained tok/s", "vs sync (trained tok/s)", "generated tok/s (incl. aborted)",
+                "aborted/iter", "switch s", "devices lent"):
         table.add_column(col, justify="right")
-    for name, r in results.items():
-        table.add_row(name, f"{r['step_s']:.2f}", f"{r['tokens_per_s']:.0f}", f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x",
-                      f"{r['train_s']:.2f}", f"{r['aborted']:.1f}", f"{r['switch_s']:.3f}", f"{r['lent']:.1f}")
-    Console(width=150).print(table)
+    for name in names:
+        xs = runs[name]
+        col = {k: [x[k] for x in xs] for k in xs[0]}
+        table.add_row(label(name, col["lent"]), fmt(col["step_s"]), fmt(col["trained_tok_s"], ".0f"),
+                      ratio_fmt(col["trained_tok_s"], base), fmt(col["generated_tok_s"], ".0f"),
+                      fmt(col["aborted"], ".1f"), fmt(col["switch_s"], ".3f"), fmt(col["lent"], ".1f"))
+    Console(width=220).print(table)
     return 0
 
 

@@ -1,12 +1,22 @@
-"""Benchmark rollart-sync channels: GB/s per model size against floors measured in the same run.
+"""Benchmark rollart-sync channels: end-to-end GB/s per model size against floors interleaved in the same run.
 
-    .venv/bin/python scripts/bench/bench_sync_channels.py            # 64 MB, 256 MB, 1 GB
-    .venv/bin/python scripts/bench/bench_sync_channels.py --quick    # 8 MB, 32 MB
+    .venv/bin/python scripts/bench/bench_sync_channels.py                      # 64 MB, 256 MB
+    .venv/bin/python scripts/bench/bench_sync_channels.py --sizes-mb 64,256,1024
+    .venv/bin/python scripts/bench/bench_sync_channels.py --quick              # 8 MB, 32 MB
 
-Floors: a torch copy (memcpy) for the local channel; a raw loopback TCP socket between two
-processes for the network channels (gloo broadcast, Mooncake over TCP). Every channel number is
-end-to-end as the pipeline sees it: snapshot (pack, CRC-32) + transfer + receiver verification.
-Best of `--repeats` runs after one warm-up. Needs ~5x the largest size in free memory.
+The headline of every channel is end to end as the pipeline sees it: the trainer-side snapshot
+(pack + CRC-32) + transfer + the receiver's fetch and verification, i.e. publish + fetch.
+Parts (publish only, the wire time after the pack, Mooncake's own `batch_get_into`) are listed
+below the headline, never instead of it.
+
+Floors, each measured in the same loop as its channel, alternating with it on every repeat (so
+the machine's load hits both alike; the ratio is the median of the per-repeat ratios):
+  local     - a torch copy of the same bytes (memcpy);
+  gloo      - a raw gloo broadcast of one buffer of the same bytes between the same two processes
+              (the transport alone: no pack, manifest, CRC or vote);
+  Mooncake  - a raw loopback TCP socket to another process (Mooncake runs over TCP here).
+One warm-up, then `--repeats` timed repeats; median and min-max spread. Needs ~5x the largest size
+in free memory.
 """
 
 from __future__ import annotations
@@ -44,22 +54,7 @@ def make_model(nbytes: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def gbps(nbytes: int, seconds: float) -> float:
-    return nbytes / seconds / 1e9
-
-
 # ---- floors -------------------------------------------------------------------------------------------
-
-
-def copy_floor(nbytes: int, repeats: int) -> float:
-    src = torch.ones(nbytes // 4, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(repeats + 1):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def tcp_receiver(port: int) -> None:
@@ -81,48 +76,61 @@ def tcp_receiver(port: int) -> None:
             conn.sendall(b"k")
 
 
-def tcp_floor(sizes: list[int], repeats: int) -> dict[int, float]:
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(1)
-        child = subprocess.Popen([sys.executable, str(SCRIPT), "--worker", "tcp", str(server.getsockname()[1])])
-        conn, _ = server.accept()
-    best: dict[int, float] = {}
-    with conn:
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for size in sizes:
-            payload = memoryview(torch.ones(size, dtype=torch.uint8).numpy())
-            best[size] = float("inf")
-            for _ in range(repeats + 1):
-                t0 = time.perf_counter()
-                conn.sendall(struct.pack("!Q", size))
-                conn.sendall(payload)
-                assert conn.recv(1) == b"k"
-                best[size] = min(best[size], time.perf_counter() - t0)
-    child.wait(timeout=30)
-    return best
+class TcpFloor:
+    """A raw loopback TCP socket to a child process: one framed payload out, one byte back."""
+
+    def __init__(self) -> None:
+        with socket.socket() as server:
+            server.bind(("127.0.0.1", 0))
+            server.listen(1)
+            self.child = subprocess.Popen([sys.executable, str(SCRIPT), "--worker", "tcp", str(server.getsockname()[1])])
+            self.conn, _ = server.accept()
+        self.conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.payloads: dict[int, memoryview] = {}
+
+    def send(self, size: int) -> float:
+        """Seconds to move `size` bytes and get the acknowledgement."""
+        payload = self.payloads.setdefault(size, memoryview(torch.ones(size, dtype=torch.uint8).numpy()))
+        t0 = time.perf_counter()
+        self.conn.sendall(struct.pack("!Q", size))
+        self.conn.sendall(payload)
+        assert self.conn.recv(1) == b"k"
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.conn.close()
+        self.child.wait(timeout=30)
 
 
 # ---- channels -----------------------------------------------------------------------------------------
 
 
-async def local_channel(nbytes: int, repeats: int) -> float:
+async def local_channel(nbytes: int, repeats: int) -> tuple[list[float], list[float]]:
+    """(channel seconds, copy-floor seconds) per repeat, alternating."""
     from rollart.sync.local import LocalChannel
 
     model = make_model(nbytes)
     channel = LocalChannel(keep_last=1)
-    best = float("inf")
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    got: list[float] = []
+    floor: list[float] = []
     for v in range(repeats + 1):
         t0 = time.perf_counter()
+        dst.copy_(src)
+        t1 = time.perf_counter()
         await channel.publish(model, v).wait(120)
         snap = await channel.fetch(v, timeout=120)
-        best = min(best, time.perf_counter() - t0)
+        t2 = time.perf_counter()
         assert snap.version == v
-    return best
+        if v > 0:  # the first round is the warm-up
+            floor.append(t1 - t0)
+            got.append(t2 - t1)
+    return got, floor
 
 
 def gloo_worker(rank: int, init: str, sizes: list[int], repeats: int) -> None:
-    """Child: rank 0 publishes, rank 1 fetches; rank 0 prints best (end-to-end, wire) seconds per size as JSON."""
+    """Child: rank 0 publishes, rank 1 fetches, a raw broadcast floor between; rank 0 prints the seconds as JSON."""
     import torch.distributed as dist
 
     from rollart.sync.torch_dist import TorchDistributedChannel
@@ -130,29 +138,39 @@ def gloo_worker(rank: int, init: str, sizes: list[int], repeats: int) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=300))
 
-    async def run() -> dict[int, tuple[float, float]]:
+    async def run() -> dict[int, dict[str, list[float]]]:
         channel = TorchDistributedChannel(src_rank=0, keep_last=1)
-        best: dict[int, tuple[float, float]] = {}
+        out: dict[int, dict[str, list[float]]] = {}
         version = 0
         for size in sizes:
             model = make_model(size) if rank == 0 else None
-            best[size] = (float("inf"), float("inf"))
-            for _ in range(repeats + 1):
+            raw = torch.ones(size, dtype=torch.uint8) if rank == 0 else torch.empty(size, dtype=torch.uint8)
+            ack = torch.zeros(1, dtype=torch.int64)
+            out[size] = {"total": [], "wire": [], "floor": []}
+            for rep in range(repeats + 1):
+                # the floor: the same bytes as one raw broadcast, acknowledged by an all_reduce like the vote
+                t0 = time.perf_counter()
+                dist.broadcast(raw, 0)
+                dist.all_reduce(ack)
+                t_floor = time.perf_counter() - t0
                 version += 1
                 if rank == 0:
                     t0 = time.perf_counter()
                     handle = channel.publish(model, version)  # returns after the snapshot (pack + CRC)
                     t1 = time.perf_counter()
-                    await handle.wait(300)  # done when every receiver verified it
+                    await handle.wait(300)  # done when every receiver received and verified it
                     t2 = time.perf_counter()
-                    best[size] = (min(best[size][0], t2 - t0), min(best[size][1], t2 - t1))
+                    if rep > 0:
+                        out[size]["total"].append(t2 - t0)
+                        out[size]["wire"].append(t2 - t1)
+                        out[size]["floor"].append(t_floor)
                 else:
                     snap = await channel.fetch(version, timeout=300)
                     assert snap.version == version
                     snap.release()  # as ModelUpdateGroup does once the loaders copied the weights
-            del model
+            del model, raw
         await channel.close()
-        return best
+        return out
 
     result = asyncio.run(run())
     dist.destroy_process_group()
@@ -160,7 +178,7 @@ def gloo_worker(rank: int, init: str, sizes: list[int], repeats: int) -> None:
         print(json.dumps({str(k): v for k, v in result.items()}), flush=True)
 
 
-def gloo_channel(sizes: list[int], repeats: int) -> dict[int, tuple[float, float]]:
+def gloo_channel(sizes: list[int], repeats: int) -> dict[int, dict[str, list[float]]]:
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{tmp}/rendezvous"
         env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
@@ -168,7 +186,7 @@ def gloo_channel(sizes: list[int], repeats: int) -> dict[int, tuple[float, float
         procs = [subprocess.Popen([*argv, str(r)], env=env, stdout=subprocess.PIPE, text=True) for r in range(2)]
         out = procs[0].communicate(timeout=600)[0]
         procs[1].wait(timeout=60)
-    return {int(k): tuple(v) for k, v in json.loads(out.strip().splitlines()[-1]).items()}
+    return {int(k): v for k, v in json.loads(out.strip().splitlines()[-1]).items()}
 
 
 def raw_get_seconds(channel, snap) -> float:
@@ -219,8 +237,8 @@ def mooncake_fetcher(master: str, metadata: str) -> None:
     asyncio.run(run())
 
 
-async def mooncake_channel(sizes: list[int], repeats: int) -> dict[int, dict[str, float]]:
-    """Best seconds per size of publish (total, wire), fetch, and publish+fetch (total, wire)."""
+async def mooncake_channel(sizes: list[int], repeats: int) -> dict[int, dict[str, list[float]]]:
+    """Seconds per repeat and size: publish (total, wire), fetch, publish+fetch (total, wire), raw get, TCP floor."""
     from rollart.sync.mooncake import MooncakeChannel, MooncakeConfig
     from rollart.sync.mooncake_services import MooncakeServices
 
@@ -232,7 +250,8 @@ async def mooncake_channel(sizes: list[int], repeats: int) -> dict[int, dict[str
         [sys.executable, str(SCRIPT), "--worker", "mooncake", config.master_address, config.metadata_server],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr_log, text=True, env=env,
     )
-    results: dict[int, dict[str, float]] = {}
+    tcp = TcpFloor()
+    results: dict[int, dict[str, list[float]]] = {}
     try:
         assert (await asyncio.to_thread(child.stdout.readline)).strip() == "ready"
         segment = 2 * max(sizes) + 256 * MiB  # room for the new version before the old one is collected
@@ -241,8 +260,10 @@ async def mooncake_channel(sizes: list[int], repeats: int) -> dict[int, dict[str
         version = 0
         for size in sizes:
             model = make_model(size)
-            best = dict.fromkeys(("publish", "publish_wire", "fetch", "total", "total_wire", "raw_get"), float("inf"))
-            for _ in range(repeats + 1):
+            got: dict[str, list[float]] = {k: [] for k in ("publish", "publish_wire", "fetch", "total", "total_wire",
+                                                            "raw_get", "floor")}
+            for rep in range(repeats + 1):
+                t_floor = tcp.send(size)  # the floor, in the same loop as the channel
                 version += 1
                 t0 = time.perf_counter()
                 handle = channel.publish(model, version)  # returns after the snapshot (pack + CRC)
@@ -256,12 +277,15 @@ async def mooncake_channel(sizes: list[int], repeats: int) -> dict[int, dict[str
                     raise RuntimeError(f"Mooncake fetcher died; see {stderr_log.name}")
                 t_fetch, t_raw = (float(x) for x in reply.split())
                 now = {"publish": t_pub, "publish_wire": t_wire, "fetch": t_fetch, "total": t_pub + t_fetch,
-                       "total_wire": t_wire + t_fetch, "raw_get": t_raw}
-                best = {k: min(best[k], now[k]) for k in best}
-            results[size] = best
+                       "total_wire": t_wire + t_fetch, "raw_get": t_raw, "floor": t_floor}
+                if rep > 0:
+                    for k, v in now.items():
+                        got[k].append(v)
+            results[size] = got
             del model
         await channel.close()
     finally:
+        tcp.close()
         try:
             if child.stdin:
                 child.stdin.close()  # may raise BrokenPipeError when the fetcher died
@@ -295,26 +319,27 @@ def main() -> None:
             mooncake_fetcher(rest[0], rest[1])
         return
 
+    from bench_stats import fmt
     from rich.console import Console
     from rich.table import Table
 
     torch.set_num_threads(1)
-    sizes = [8 * MiB, 32 * MiB] if args.quick else [64 * MiB, 256 * MiB, 1024 * MiB]
+    sizes = [8 * MiB, 32 * MiB] if args.quick else [64 * MiB, 256 * MiB]
     if args.sizes_mb:
         sizes = [int(x) * MiB for x in args.sizes_mb.split(",")]
     repeats = args.repeats or (2 if args.quick else 3)
     channels = set(args.channels.split(","))
-    rows: list[tuple] = []
+    rows: list[tuple] = []  # (channel, size, seconds per repeat, floor name, floor seconds per repeat)
     started = time.perf_counter()
 
     if "local" in channels:
         for size in sizes:
-            rows.append(("local publish+fetch", size, asyncio.run(local_channel(size, repeats)), "torch copy",
-                         copy_floor(size, repeats), None))
-    tcp = tcp_floor(sizes, repeats) if channels & {"gloo", "mooncake"} else {}
+            got, floor = asyncio.run(local_channel(size, repeats))
+            rows.append(("local publish+fetch, end to end", size, got, "torch copy", floor))
     if "gloo" in channels:
-        for size, (total, wire) in gloo_channel(sizes, repeats).items():
-            rows.append(("gloo broadcast, 2 procs", size, total, "loopback TCP", tcp[size], wire))
+        for size, g in gloo_channel(sizes, repeats).items():
+            rows.append(("gloo publish+fetch, end to end", size, g["total"], "raw gloo broadcast", g["floor"]))
+            rows.append(("  part: gloo after the pack (wire + verify)", size, g["wire"], "raw gloo broadcast", g["floor"]))
     if "mooncake" in channels:
         from rollart.sync.mooncake import mooncake_unavailable_reason
 
@@ -323,23 +348,22 @@ def main() -> None:
             print(f"mooncake skipped: {reason}")
         else:
             for size, b in asyncio.run(mooncake_channel(sizes, repeats)).items():
-                rows.append(("mooncake publish", size, b["publish"], "loopback TCP", tcp[size], b["publish_wire"]))
-                rows.append(("mooncake fetch, other proc", size, b["fetch"], "loopback TCP", tcp[size], b["fetch"]))
-                rows.append(("mooncake raw batch_get_into", size, b["raw_get"], "loopback TCP", tcp[size], None))
-                rows.append(("mooncake publish+fetch", size, b["total"], "loopback TCP", tcp[size], b["total_wire"]))
+                rows.append(("mooncake publish+fetch, end to end", size, b["total"], "loopback TCP", b["floor"]))
+                rows.append(("  part: mooncake publish (pack + put)", size, b["publish"], "loopback TCP", b["floor"]))
+                rows.append(("  part: mooncake fetch, other proc", size, b["fetch"], "loopback TCP", b["floor"]))
+                rows.append(("  part: mooncake raw batch_get_into", size, b["raw_get"], "loopback TCP", b["floor"]))
 
-    table = Table(title=f"rollart-sync channels, GB/s (best of {repeats}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f})")
-    for col in ("channel", "size", "GB/s", "ratio", "excl. pack", "ratio excl.", "floor", "floor GB/s"):
+    table = Table(title=f"rollart-sync channels, GB/s, median (min-max) of {repeats} repeats with the floor "
+                        f"interleaved ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f})")
+    for col in ("channel", "size", "GB/s", "floor", "floor GB/s", "ratio to floor"):
         table.add_column(col, justify="left" if col in ("channel", "floor") else "right")
-    for name, size, seconds, floor_name, floor_s, wire_s in sorted(rows, key=lambda r: (r[0], r[1])):
-        got, floor = gbps(size, seconds), gbps(size, floor_s)
-        excl = gbps(size, wire_s) if wire_s is not None else None
-        table.add_row(name, f"{size // MiB} MB", f"{got:.2f}", f"{got / floor:.2f}",
-                      f"{excl:.2f}" if excl else "-", f"{excl / floor:.2f}" if excl else "-", floor_name, f"{floor:.2f}")
-    Console(width=150).print(table)
-    print("GB/s = end-to-end as the pipeline sees it (pack + CRC + transfer + verify); 'excl. pack' leaves out the")
-    print("snapshot step inside publish() (pack + CRC) and times from its return until the version is verified/stored.")
-    print(f"goal: ratio >= 0.5 of the loopback-TCP floor for network channels; total {time.perf_counter() - started:.0f} s")
+    for name, size, seconds, floor_name, floor_s in rows:
+        table.add_row(name, f"{size // MiB} MB", fmt([size / t / 1e9 for t in seconds]), floor_name,
+                      fmt([size / t / 1e9 for t in floor_s]), fmt([f / t for t, f in zip(seconds, floor_s)]))
+    Console(width=170).print(table)
+    print("end to end = trainer-side pack + CRC + transfer + the receiver's fetch and verification; 'part' rows are")
+    print("components of it, never a headline. Ratios are medians of per-repeat ratios to the floor measured in the same loop.")
+    print(f"total {time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":

@@ -146,6 +146,28 @@ def test_a_done_step_with_a_missing_test_fails(repo):
     assert any("test 'test_shrink' not found" in e for e in _errors(repo))
 
 
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("def test_shrink", "@pytest.mark.skip(reason='later')\ndef test_shrink"),
+        ("def test_shrink", "@pytest.mark.skip\ndef test_shrink"),
+        ("def test_shrink", "@pytest.mark.skipif(True, reason='x')\ndef test_shrink"),
+        ("def test_shrink():\n", "def test_shrink():\n    pytest.skip('not yet')\n"),
+        ("def test_shrink", "pytestmark = [pytest.mark.slow, pytest.mark.skip]\n\ndef test_shrink"),
+        ("class TestPool", "@unittest.skip('x')\nclass TestPool"),
+    ],
+)
+def test_a_done_step_with_a_skipped_test_fails(repo, old, new):
+    _edit(repo / "packages/rollart-demo/tests/test_pool.py", old, new)
+    assert any("is marked skip" in e and "it never runs" in e for e in _errors(repo)), _errors(repo)
+
+
+def test_a_conditional_skip_is_allowed(repo):
+    _edit(repo / "packages/rollart-demo/tests/test_pool.py", "def test_shrink",
+          "@pytest.mark.skipif(sys.platform == 'win32', reason='x')\ndef test_shrink")
+    assert _errors(repo) == []
+
+
 def test_an_unknown_status_fails(repo):
     _edit(repo / "design/rollart-demo.md", "Status: DONE", "Status: FINISHED")
     assert any("status 'FINISHED' not in" in e for e in _errors(repo))

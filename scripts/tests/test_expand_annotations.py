@@ -90,6 +90,25 @@ def test_check_reports_an_unknown_pattern_id():
     assert "unknown pattern id 'VAL_NOT_A_PATTERN'" in problems[0].detail
 
 
+@pytest.mark.parametrize("tree", ["packages", "scripts", "examples"])
+def test_check_without_paths_scans_every_python_tree(tree, tmp_path, monkeypatch, capsys):
+    # `check` used to scan only packages/: an unknown pattern id in scripts/ or examples/ passed
+    for root in ("packages", "scripts", "examples"):
+        (tmp_path / root / "sub").mkdir(parents=True)
+        (tmp_path / root / "sub" / "ok.py").write_text("x = 1\n")
+    (tmp_path / tree / "sub" / "bad.py").write_text("def f(x):\n    # VAL: VAL_NOT_A_PATTERN(x)\n    return x\n")
+    monkeypatch.setattr(expand_annotations, "REPO_ROOT", tmp_path)
+    monkeypatch.chdir(tmp_path / "packages")  # roots resolve from the repository, not the cwd
+    assert expand_annotations.main(["check"]) == 1
+    assert "unknown pattern id 'VAL_NOT_A_PATTERN'" in capsys.readouterr().err
+
+
+def test_annotations_inside_string_literals_are_data_not_code():
+    text = 'DOC = """\n    # VAL: VAL_NOT_A_PATTERN(x)\n"""\n\n\ndef f(x):\n    # VAL: VAL_ALSO_NOT_ONE(x)\n    return x\n'
+    problems = process_text(text)[1]
+    assert [p.line for p in problems] == [7] and "VAL_ALSO_NOT_ONE" in problems[0].detail
+
+
 @pytest.mark.parametrize(
     ("annotation", "reason"),
     [

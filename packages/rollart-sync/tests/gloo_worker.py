@@ -2,7 +2,7 @@
 
 Rank 0 is the trainer (publishes v1, v2, then v3 and v4 once rank 1 has timed out once); the other ranks
 fetch. Rank 2 corrupts its first receive of v2, so every rank must see v2 delivered on attempt 2.
-Each rank saves what it received to OUTDIR/rank<R>.pt for the test to compare bit for bit.
+Then each receiver asks for the evicted v1, which must fail at once. Each rank saves what it received to OUTDIR/rank<R>.pt for the test to compare bit for bit.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rollart.sync.errors import SyncTimeoutError
+from rollart.sync.errors import SyncTimeoutError, VersionNotAvailableError
 from rollart.sync.torch_dist import TorchDistributedChannel
 
 
@@ -79,6 +79,13 @@ async def main(rank: int, out: Path) -> None:
         received[4] = {"tensors": dict(snap4.tensors), "attempts": snap4.attempts}
         received["v4_reused_v1_memory"] = bool(v1_storages & {t.untyped_storage().data_ptr() for t in snap4.tensors.values()})
         received["retained"] = channel.versions
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:  # v1 was evicted: no broadcast will carry it again, so the fetch must fail at once
+            await channel.fetch(1, timeout=10)
+            received["evicted"] = ("no error", 0.0, channel._pending is None)
+        except (VersionNotAvailableError, SyncTimeoutError) as exc:
+            received["evicted"] = (type(exc).__name__, loop.time() - started, channel._pending is None)
     await channel.close()
     torch.save(received, out / f"rank{rank}.pt")
 

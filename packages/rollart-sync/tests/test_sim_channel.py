@@ -1,4 +1,4 @@
-"""Steps 11-12 (D13): the simulated channel charges bytes / bandwidth + per-bucket latency in virtual time."""
+"""Steps 11-12 (D14): the simulated channel charges bytes / bandwidth + per-bucket latency in virtual time."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ QWEN3_8B_BYTES = 16.4e9
 
 
 def test_transfer_time_matches_the_hand_computed_example():
-    """D13: 16.4 GB in 32 MiB buckets (489 of them) over a 50 GB/s NIC, 100 us per bucket."""
+    """D14: 16.4 GB in 32 MiB buckets (489 of them) over a 50 GB/s NIC, 100 us per bucket."""
     nic = BUILTIN_HARDWARE["H800"].network_gbps
     assert transfer_seconds(QWEN3_8B_BYTES, nic) == pytest.approx(489 * 1e-4 + 0.328)
     assert transfer_seconds(QWEN3_8B_BYTES, nic) == pytest.approx(0.3769)

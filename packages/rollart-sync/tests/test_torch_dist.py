@@ -61,4 +61,7 @@ def test_gloo_broadcast_delivers_identical_tensors(tmp_path: Path):
         assert got[1]["attempts"] == 1 and got[3]["attempts"] == 1 and got[4]["attempts"] == 1
         assert got["retained"] == (3, 4)
         assert got["v4_reused_v1_memory"]  # released and evicted buffers are received into again (D12)
+        # asking for the evicted v1 fails at once, as LocalChannel does, and starts no receive
+        error, waited, no_pending = got["evicted"]
+        assert error == "VersionNotAvailableError" and waited < 2.0 and no_pending
     assert "no broadcast of version 'latest' arrived within 0.3 s" in torch.load(tmp_path / "rank1.pt")["timeout"]

@@ -91,3 +91,52 @@ def test_build_train_batch_bad_input_names_the_field():
         build_train_batch([_sample([1, 2], [0, 1], ref=[0.0, 0.0]), _sample([1, 2], [0, 1])])
     with pytest.raises(TrainError, match="pad_token_id must be an integer"):
         build_train_batch([_sample([1, 2], [0, 1])], pad_token_id=-1)
+
+
+@given(
+    st.floats(-1e6, 1e6, allow_nan=False, allow_subnormal=False),
+    st.integers(1, 16),
+    st.booleans(),
+)
+def test_grpo_group_of_equal_rewards_gets_exactly_zero(reward, size, normalize_std):
+    # float32 statistics gave 0.0563 for seven rewards of 0.7 and 0.884 for seven of 100.1
+    adv = grpo_advantages(torch.full((size,), reward, dtype=torch.float64), torch.zeros(size, dtype=torch.long),
+                          normalize_std=normalize_std)
+    assert adv.tolist() == [0.0] * size
+
+
+@pytest.mark.parametrize("reward", [0.7, 100.1])
+def test_grpo_seven_equal_rewards_from_float32_input_get_zero(reward):
+    adv = grpo_advantages(torch.full((7,), reward, dtype=torch.float32), torch.zeros(7, dtype=torch.long))
+    assert adv.tolist() == [0.0] * 7
+
+
+@given(
+    st.floats(-1e6, 1e6, allow_nan=False, allow_subnormal=False),
+    st.floats(1e-2, 10.0, allow_nan=False),
+    st.integers(1, 7),
+)
+def test_grpo_small_real_difference_on_a_large_reward_is_kept(base, delta, ups):
+    # float32 rounds 1e6 + 0.01 to 1e6 and the difference vanished; float64 keeps it
+    rewards = torch.tensor([base + delta] * ups + [base] * (8 - ups), dtype=torch.float64)
+    adv = grpo_advantages(rewards, torch.zeros(8, dtype=torch.long))
+    assert adv.dtype == torch.float64
+    assert all(a > 0.3 for a in adv[:ups].tolist()) and all(a < -0.3 for a in adv[ups:].tolist())
+    assert math.isclose(float(adv.std(unbiased=False)), 1.0, rel_tol=1e-3)
+
+
+def _one_turn_sample(reward: float, group: int) -> TrainSample:
+    return TrainSample(token_ids=[1, 2, 3], policy_mask=[False, True, True], behaviour_log_probs=[0.0, -0.5, -0.5],
+                       reward=reward, group_id=group)
+
+
+def test_build_train_batch_equal_rewards_give_zero_and_close_rewards_stay_apart():
+    batch = build_train_batch([_one_turn_sample(0.7, 0) for _ in range(8)] + [_one_turn_sample(1e6 + 0.01, 1), _one_turn_sample(1e6, 1)])
+    assert batch.advantages[:8].tolist() == [0.0] * 8  # was 0.0563 each
+    assert batch.advantages[8] > 0.99 and batch.advantages[9] < -0.99  # was 0, 0
+    assert batch.advantages.dtype == torch.float32
+
+
+def test_grpo_rejects_a_negative_zero_std_tolerance():
+    with pytest.raises(TrainError, match="zero_std_tol"):
+        grpo_advantages(torch.zeros(2), torch.zeros(2, dtype=torch.long), zero_std_tol=-1.0)

@@ -75,6 +75,23 @@ def test_token_log_probs_picks_the_next_token_of_each_position():
     assert lp[0, 1].item() == pytest.approx(0.0) and lp[0, 2].item() < -1e3
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_token_log_probs_and_entropy_keep_float32_or_wider_dtypes(dtype):
+    logits = torch.randn(2, 4, 6, generator=torch.Generator().manual_seed(3)).to(dtype)
+    ids = torch.tensor([[0, 1, 2, 3], [5, 4, 3, 2]])
+    expected = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+    assert token_log_probs(logits, ids).dtype == expected
+    assert token_entropy(logits).dtype == expected
+
+
+def test_token_log_probs_and_entropy_pass_float64_gradcheck():
+    # a silent float32 cast made the numerical and analytical gradients disagree
+    logits = torch.randn(2, 4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(4), requires_grad=True)
+    ids = torch.tensor([[0, 1, 2, 3], [4, 3, 2, 1]])
+    assert torch.autograd.gradcheck(lambda x: token_log_probs(x, ids), (logits,))
+    assert torch.autograd.gradcheck(token_entropy, (logits,))
+
+
 def test_loss_config_rejects_bad_values():
     with pytest.raises(TrainError, match="aggregation must be one of"):
         LossConfig(aggregation="mean")

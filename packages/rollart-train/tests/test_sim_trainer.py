@@ -1,4 +1,4 @@
-"""Steps 9-10 (D12, D13): the simulated trainer's cost model against hand-computed figures."""
+"""Steps 9-10 (D14, D15): the simulated trainer's cost model against hand-computed figures."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ H800 = BUILTIN_HARDWARE["H800"]
 
 
 def test_cost_matches_the_hand_computed_roofline():
-    """Design D12: Qwen3-8B, 512 x 8,192 tokens, on 64 and on 8 H800 (mfu 0.4)."""
+    """Design D14: Qwen3-8B, 512 x 8,192 tokens, on 64 and on 8 H800 (mfu 0.4)."""
     c64 = train_step_cost(8.2e9, 512 * 8192, 64, H800)
     assert c64.compute_s == pytest.approx(8.146466, rel=1e-6)
     assert c64.allreduce_s == pytest.approx(0.64575, rel=1e-6)  # 2 x 63/64 x 16.4 GB / 50 GB/s (NIC)

@@ -54,7 +54,11 @@ class Engine(Protocol):
         ...
 
     async def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
-        """Load new weights by name and serve them as ``version`` (never lower than the current)."""
+        """Load new weights by name and serve them as ``version`` (never lower than the current).
+
+        A version names one set of weights: the version served now is accepted again only with
+        the weights it serves (a no-op), anything else raises ``ProxyError`` (see weight_identity).
+        """
         ...
 
 

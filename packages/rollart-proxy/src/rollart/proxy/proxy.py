@@ -27,6 +27,7 @@ from rollart.proxy.types import (
     GenerateRequest,
     GenerateResponse,
 )
+from rollart.proxy.weight_identity import same_payload, weights_digest
 from rollart.proxy.worker import WorkerHandle
 
 if TYPE_CHECKING:
@@ -235,6 +236,7 @@ class LLMProxy:
         self._max_restarts = max_restarts
         self._version = version
         self._latest_weights: Mapping[str, torch.Tensor] | None = None
+        self._latest_digest: str | None = None  # digest of the payload pushed under self._version
         self._tracks: dict[str, _Track] = {}
         self._sticky: dict[str, int] = {}
         self._changed = asyncio.Event()
@@ -461,13 +463,27 @@ class LLMProxy:
                 raise result
 
     async def update_weights(self, source: WeightSource | Mapping[str, torch.Tensor], version: int) -> None:
-        """Push ``version`` to every active worker; offloaded ones get it on expand."""
+        """Push ``version`` to every active worker; offloaded ones get it on expand.
+
+        Re-sending the version already pushed is accepted only with the same weights (a no-op);
+        different weights under it raise ProxyError (a version names one set of weights).
+        """
         # VAL: VAL_VERSION_MONOTONIC(version, self._version, strict=False, exc=ProxyError)
         # >>> generated VAL_VERSION_MONOTONIC #d00afba5e3 (edit the annotation, not this block)
         if self._version is not None and not version >= self._version:
             raise ProxyError(f"version must be >= self._version (versions never go backwards), got {version!r} with current {self._version!r}")
         # <<< generated
         weights = await source.fetch(version) if hasattr(source, "fetch") else source
+        # A version names one set of weights: its tokens are tagged with it. Before any push the
+        # construction version's weights are unknown here, and the workers (which hold them) decide.
+        # AST: AST_PRECONDITION(version != self._version or self._latest_digest is None or same_payload(self._latest_digest, weights), got=version, msg="a version already pushed is re-sent only with the weights pushed under it (publish changed weights under a new version)", exc=ProxyError)
+        # >>> generated AST_PRECONDITION #8747652b6d (edit the annotation, not this block)
+        if not (version != self._version or self._latest_digest is None or same_payload(self._latest_digest, weights)):
+            raise ProxyError(f"Pre-condition: a version already pushed is re-sent only with the weights pushed under it (publish changed weights under a new version), got {version!r}")
+        # <<< generated
+        if version == self._version and self._latest_digest is not None:
+            return  # an identical re-send: every active worker serves these weights already
+        digest = weights_digest(weights)
         async with self._control:
             active = [s for s in self._slots if s.state == ACTIVE]
             await asyncio.gather(*(s.handle.load_weights(weights, version) for s in active))
@@ -475,6 +491,7 @@ class LLMProxy:
                 slot.version = version
             self._version = version
             self._latest_weights = weights
+            self._latest_digest = digest
         self._emit("weights_updated", version=version)
 
     async def shrink(self, ranks: Sequence[int] | None = None, count: int | None = None) -> list[int]:

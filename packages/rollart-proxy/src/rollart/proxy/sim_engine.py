@@ -25,6 +25,7 @@ from rollart.proxy.types import (
     EngineOutput,
     EngineRequest,
 )
+from rollart.proxy.weight_identity import same_payload, weights_digest
 
 
 class HardwareLike(Protocol):
@@ -209,6 +210,7 @@ class SimEngine:
         self._host_link_gbs = host_link_gbs
         self._seed = seed
         self._version = version
+        self._weights_digest: str | None = None  # of the payload loaded under self._version
         self._waiting: deque[_SimSeq] = deque()
         self._running: dict[str, _SimSeq] = {}
         self._offloaded = False
@@ -431,14 +433,26 @@ class SimEngine:
             self._offloaded = False
 
     async def load_weights(self, weights: Mapping[str, Any], version: int) -> None:
-        """Take a new version (tensor contents are ignored); running requests recompute their KV."""
+        """Take a new version (tensor contents only identify it); running requests recompute their KV.
+
+        The version served now is accepted again only with the payload loaded under it (its digest)
+        or an empty one; the construction version has no payload, so only an empty one.
+        """
         # VAL: VAL_VERSION_MONOTONIC(version, self._version, strict=False, exc=ProxyError)
         # >>> generated VAL_VERSION_MONOTONIC #d00afba5e3 (edit the annotation, not this block)
         if self._version is not None and not version >= self._version:
             raise ProxyError(f"version must be >= self._version (versions never go backwards), got {version!r} with current {self._version!r}")
         # <<< generated
+        # AST: AST_PRECONDITION(version != self._version or same_payload(self._weights_digest, weights), got=version, msg="the version served now is re-sent only with the payload loaded under it (publish changed weights under a new version)", exc=ProxyError)
+        # >>> generated AST_PRECONDITION #2571625661 (edit the annotation, not this block)
+        if not (version != self._version or same_payload(self._weights_digest, weights)):
+            raise ProxyError(f"Pre-condition: the version served now is re-sent only with the payload loaded under it (publish changed weights under a new version), got {version!r}")
+        # <<< generated
+        if version == self._version:
+            return  # an identical re-send
         await self._sleep(self.model.weight_bytes / (self._host_link_gbs * 1e9))
         self._version = version
+        self._weights_digest = weights_digest(weights)
         self._prefix_cache.clear()
         self._cached_tokens = 0
         for seq in reversed(list(self._running.values())):

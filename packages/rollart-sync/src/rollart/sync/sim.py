@@ -1,6 +1,6 @@
 """`sync: sim`: a weight channel that charges transfer time and moves only a version token.
 
-It is a *simulation*, named as such (design D13): a publish waits
+It is a *simulation*, named as such (design D14): a publish waits
 ``ceil(bytes / bucket) x per-bucket latency + bytes / bandwidth`` on the running loop's clock before
 the version becomes fetchable, and a fetch may wait the same over a second link. Versions, LATEST,
 waits and errors are those of an inner ``LocalChannel`` holding a one-element token per version, so
@@ -29,7 +29,7 @@ from rollart.sync.versioning import LATEST, VersionSpec
 
 def transfer_seconds(nbytes: float, link_gbps: float, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                      bucket_latency_s: float = 1e-4) -> float:
-    """ceil(bytes / bucket) x per-bucket latency + bytes / bandwidth (D13)."""
+    """ceil(bytes / bucket) x per-bucket latency + bytes / bandwidth (D14)."""
     # VAL: VAL_NON_NEGATIVE(nbytes, exc=SyncValidationError)
     # >>> generated VAL_NON_NEGATIVE #4fa007f32f (edit the annotation, not this block)
     if not nbytes >= 0:
@@ -54,7 +54,7 @@ def transfer_seconds(nbytes: float, link_gbps: float, bucket_bytes: int = DEFAUL
 
 
 class SimChannel:
-    """`sync: sim`: versioned publish/fetch that charge bytes / bandwidth + per-bucket latency and move a token (D13)."""
+    """`sync: sim`: versioned publish/fetch that charge bytes / bandwidth + per-bucket latency and move a token (D14)."""
 
     def __init__(self, weight_bytes: float, link_gbps: float, *, fetch_link_gbps: float | None = None,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, bucket_latency_s: float = 1e-4, keep_last: int = 2) -> None:

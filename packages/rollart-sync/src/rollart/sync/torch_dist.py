@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from rollart.sync._waiting import pick_version
 from rollart.sync.bucket import (
     DEFAULT_BUCKET_BYTES,
     SUPPORTED_DTYPES,
@@ -214,6 +215,9 @@ class TorchDistributedChannel:
         """On a receiver: a retained version, or join the next broadcast(s) until the deadline.
 
         "latest" means the next broadcast (a receiver learns of a newer version only by joining it).
+        A version at or below the newest retained one that is no longer retained (evicted or
+        skipped) fails at once with VersionNotAvailableError, as in LocalChannel: no broadcast
+        will ever carry it again, so waiting would only time out and leave a receive pending.
         A receive cut short by the deadline stays pending and the next fetch collects it, so no
         broadcast is lost and every rank stays in step.
         """
@@ -224,7 +228,9 @@ class TorchDistributedChannel:
         # <<< generated
         if self._closed:
             raise ChannelClosedError("TorchDistributedChannel is closed")
-        if version != LATEST and self._retained.get(version) is not None:
+        if version != LATEST and pick_version(self._retained, version) is not None:
+            # retained: hand it out; pick_version raised already if it is older than the newest
+            # retained one and gone (evicted or skipped), so no receive is started for it
             packed = self._retained.get(version)
             assert packed is not None
             return self._snapshot(packed, 1)

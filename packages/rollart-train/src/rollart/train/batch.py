@@ -42,8 +42,8 @@ class TrainBatch:
         attention_mask: [B, T] bool, True on real (non-pad) tokens.
         loss_mask: [B, T] bool, True on tokens the policy produced; the loss sees only these.
         behaviour_log_probs: [B, T] float, log-probs recorded at rollout (0 where masked).
-        advantages: [B] float, one advantage per sequence, broadcast over its policy tokens.
-        rewards: [B] float, the scalar reward of each sequence.
+        advantages: [B] float32, one advantage per sequence (computed in float64), broadcast over its policy tokens.
+        rewards: [B] float64, the scalar reward of each sequence (float64 so close rewards stay apart).
         group_ids: [B] long, the GRPO group of each sequence.
         reference_log_probs: [B, T] float or None, log-probs under the reference policy.
     """
@@ -143,9 +143,11 @@ def build_train_batch(
         behaviour[i, :n] = torch.where(mask, torch.tensor(s.behaviour_log_probs, dtype=torch.float32), 0.0)
         if reference is not None:
             reference[i, :n] = torch.where(mask, torch.tensor(s.reference_log_probs, dtype=torch.float32), 0.0)
-    rewards = torch.tensor([float(s.reward) for s in samples], dtype=torch.float32)
+    # float64 rewards: float32 would round 1e6 + 0.01 to 1e6 before the advantages see it
+    rewards = torch.tensor([float(s.reward) for s in samples], dtype=torch.float64)
     group_ids = torch.tensor([int(s.group_id) for s in samples], dtype=torch.long)
-    advantages = grpo_advantages(rewards, group_ids, normalize_std=normalize_advantage_std)
+    # computed in float64 (an equal-reward group is exactly 0), stored float32 like the log-probs
+    advantages = grpo_advantages(rewards, group_ids, normalize_std=normalize_advantage_std).to(torch.float32)
     return TrainBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,

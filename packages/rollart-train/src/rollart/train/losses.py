@@ -70,25 +70,32 @@ class LossConfig:
         # <<< generated
 
 
+def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:
+    """Upcast half precision for a stable softmax; never downcast float64 (it would break gradcheck)."""
+    return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+
+
 def token_log_probs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """Log-probability of each token given its prefix, aligned with `input_ids` ([B, T]).
 
     A causal LM's logits at position t predict token t+1; shifting here, once, keeps every other
-    tensor aligned with the tokens. Position 0 has no prefix and gets 0.
+    tensor aligned with the tokens. Position 0 has no prefix and gets 0. Computed in the logits'
+    dtype when it is float32 or wider (float64 stays float64, so `gradcheck` works); half
+    precision logits are upcast to float32 for the softmax.
     """
     # AST: AST_PRECONDITION(logits.shape[:2] == input_ids.shape, got=(tuple(logits.shape), tuple(input_ids.shape)), msg="logits are [B, T, V] for input_ids [B, T]", exc=TrainError)
     # >>> generated AST_PRECONDITION #60b01cee4f (edit the annotation, not this block)
     if not (logits.shape[:2] == input_ids.shape):
         raise TrainError(f"Pre-condition: logits are [B, T, V] for input_ids [B, T], got {(tuple(logits.shape), tuple(input_ids.shape))!r}")
     # <<< generated
-    log_softmax = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    log_softmax = torch.log_softmax(_at_least_float32(logits[:, :-1]), dim=-1)
     picked = torch.gather(log_softmax, -1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the distribution each token was drawn from, aligned like `token_log_probs`."""
-    log_softmax = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    """Entropy of the distribution each token was drawn from, aligned like `token_log_probs` (same dtype rule)."""
+    log_softmax = torch.log_softmax(_at_least_float32(logits[:, :-1]), dim=-1)
     entropy = -(log_softmax.exp() * log_softmax).sum(-1)
     return torch.cat([torch.zeros_like(entropy[:, :1]), entropy], dim=1)
 

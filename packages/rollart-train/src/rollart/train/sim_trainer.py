@@ -1,6 +1,6 @@
 """`trainer: sim`: a train-step cost model behind the trainer seam, for cluster simulations.
 
-It is a *simulation*, named as such (design D12): no weights, no gradients. A step on a batch of
+It is a *simulation*, named as such (design D14): no weights, no gradients. A step on a batch of
 T real tokens on n devices takes ``6 P T / (n F mfu)`` of compute plus a ring all-reduce of the
 gradients, ``2 (n-1)/n x P x grad_bytes / bandwidth``, with F and the bandwidth from the hardware
 catalogue of rollart-resource. ``train_step_async`` waits that time with ``asyncio.sleep``, so under
@@ -46,7 +46,7 @@ class TrainStepCost:
 
 def train_step_cost(n_params: float, tokens: int, devices: int, hardware: HardwareSpec, *, mfu: float = 0.4,
                     grad_bytes_per_param: float = 2.0) -> TrainStepCost:
-    """6 P T / (n F mfu) plus a ring all-reduce of the gradients over the hardware's collective bandwidth (D12)."""
+    """6 P T / (n F mfu) plus a ring all-reduce of the gradients over the hardware's collective bandwidth (D14)."""
     # deps: HardwareSpec.collective_gbps
     # VAL: VAL_POSITIVE(n_params, exc=TrainError)
     # >>> generated VAL_POSITIVE #00fd2b334a (edit the annotation, not this block)
@@ -83,7 +83,7 @@ def train_step_cost(n_params: float, tokens: int, devices: int, hardware: Hardwa
 
 @runtime_checkable
 class AsyncStepTrainer(Protocol):
-    """The optional awaitable step a simulated trainer offers (D13)."""
+    """The optional awaitable step a simulated trainer offers (D15)."""
 
     async def train_step_async(self, batch: TrainBatch) -> dict[str, float]:
         """One step that waits its modelled time on the running loop's clock."""
@@ -91,7 +91,7 @@ class AsyncStepTrainer(Protocol):
 
 
 class SimTrainer:
-    """`trainer: sim`: a train-step cost model with the PolicyTrainer surface and no weights (D12)."""
+    """`trainer: sim`: a train-step cost model with the PolicyTrainer surface and no weights (D14)."""
 
     def __init__(self, n_params: float, hardware: HardwareSpec, devices: int, *, mfu: float = 0.4,
                  grad_bytes_per_param: float = 2.0, weight_bytes_per_param: float = 2.0, lr: float = 1e-6,
