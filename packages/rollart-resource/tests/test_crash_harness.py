@@ -8,9 +8,33 @@ of the package (how the "before" figures were taken: it fails on the code before
 
 from __future__ import annotations
 
-import pytest
+import os
+import shutil
+import tempfile
+from pathlib import Path
 
-from rollart.resource.crash_harness import CrashReport, judge
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rollart.resource.crash_harness import CrashReport, judge, run_crash_campaign
+
+# a kill 0-15 ms after start mostly lands while the controller recovers; 15-150 ms while it runs transitions
+KILL_DELAYS = st.lists(st.one_of(st.floats(0, 15), st.floats(15, 150)), min_size=6, max_size=6)
+
+
+@pytest.mark.timeout(180)
+@settings(max_examples=3, deadline=None, derandomize=False, suppress_health_check=[HealthCheck.too_slow])
+@given(delays=KILL_DELAYS, seed=st.integers(0, 10_000))
+def test_killed_controllers_hooks_hear_every_outcome(delays, seed):
+    workdir = Path(tempfile.mkdtemp(prefix="rollart-crash-"))
+    try:
+        src = os.environ.get("ROLLART_CRASH_SRC")
+        report = run_crash_campaign(workdir, delays, seed=seed, slow_abort=0.02, src=[src] if src else None)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    assert report.kills == len(delays), report.examples
+    assert not report.violations, report.examples
 
 
 def test_judge_finds_a_hook_that_never_heard_the_abort(tmp_path):
