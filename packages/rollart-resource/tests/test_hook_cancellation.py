@@ -136,18 +136,18 @@ async def test_commit_deadline_holds_and_is_recorded(rm):
 
 
 async def test_cancelled_caller_during_prepare_aborts(rm):
-    gate = asyncio.Event()
+    gate, entered = asyncio.Event(), asyncio.Event()
 
     class Waits(RecordingHook):
         async def prepare(self, transition):
             await super().prepare(transition)
+            entered.set()
             await gate.wait()
 
     hook = Waits()
     rm.add_transition_hook(hook)
     task = asyncio.ensure_future(rm.shrink("rollout", "train", [3]))
-    while not hook.calls:
-        await asyncio.sleep(0.01)
+    await asyncio.wait_for(entered.wait(), timeout=10)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -157,27 +157,24 @@ async def test_cancelled_caller_during_prepare_aborts(rm):
 
 
 async def test_cancelled_caller_after_commit_still_completes(rm):
-    gate = asyncio.Event()
+    gate, entered = asyncio.Event(), asyncio.Event()
 
     class WaitsInCommit(RecordingHook):
         async def commit(self, transition):
             await super().commit(transition)
+            entered.set()
             await gate.wait()
 
     slow, other = WaitsInCommit(), RecordingHook()
     rm.add_transition_hook(slow)
     rm.add_transition_hook(other)
     task = asyncio.ensure_future(rm.shrink("rollout", "train", [3]))
-    while "commit" not in slow.methods():
-        await asyncio.sleep(0.01)
+    await asyncio.wait_for(entered.wait(), timeout=10)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     gate.set()  # the end of the transition runs shielded: the roles are applied, every hook hears the commit
-    for _ in range(200):
-        if rm.pending_transition() is None:
-            break
-        await asyncio.sleep(0.01)
+    await asyncio.wait_for(asyncio.gather(*rm._background), timeout=10)
     assert rm.store.transitions()[-1].phase == "completed" and other.methods() == ["prepare", "commit"]
     assert rm.devices()[3].role == "train"
 
