@@ -23,6 +23,7 @@ from typing import Any
 from rollart.resource.errors import ResourceError, UnknownHardwareError
 from rollart.resource.hardware import HardwareCatalogue
 from rollart.resource.hooks import call_hook
+from rollart.resource.lease import controller_identity
 from rollart.resource.ledger import (
     TRANSITION_ROLES,
     DeviceRecord,
@@ -129,9 +130,17 @@ class ResourceManager:
         ```
     """
 
-    def __init__(self, pool: Mapping[str, Iterable[int]] | None = None, store: str | Path | MetadataStore = ":memory:", *, catalogue: HardwareCatalogue | None = None, clock: Callable[[], float] | None = None) -> None:
-        """Open the store; a new store gets the pool (all free), a reopened one must match it (or pool=None)."""
-        # deps: validate_pool_spec, SqliteMetadataStore, MetadataStore.init_devices
+    def __init__(self, pool: Mapping[str, Iterable[int]] | None = None, store: str | Path | MetadataStore = ":memory:", *, catalogue: HardwareCatalogue | None = None, clock: Callable[[], float] | None = None, holder: str | None = None) -> None:
+        """Open the store and become its one controller (R13); a new store gets the pool (all free), a reopened one
+        must match it (or pool=None).
+
+        Args:
+            holder: this controller's identity in the lock file and in errors (default: pid, host, a token).
+
+        Raises:
+            ControllerLockHeld: another controller holds the store.
+        """
+        # deps: validate_pool_spec, SqliteMetadataStore, MetadataStore.acquire_controller, MetadataStore.init_devices
         self._catalogue = catalogue if catalogue is not None else HardwareCatalogue()
         owns_store = isinstance(store, (str, Path))
         self._store: MetadataStore = SqliteMetadataStore(store) if isinstance(store, (str, Path)) else store
@@ -139,8 +148,10 @@ class ResourceManager:
         self._hooks: list[TransitionHook] = []
         self._subscribers: list[Callable[[Event], None]] = []
         self._background: set[asyncio.Task] = set()  # shielded transition ends and abandoned hook calls
-        self._published = self._store.last_event_seq()  # subscribers get events recorded from now on
+        self.holder = holder if holder is not None else controller_identity()
         try:
+            self._store.acquire_controller(self.holder)
+            self._published = self._store.last_event_seq()  # subscribers get events recorded from now on
             # AST: AST_PRECONDITION(pool is not None or bool(self._store.devices()), got=pool, msg="a pool spec is given or the store already holds one", exc=ResourceError)
             # >>> generated AST_PRECONDITION #f7b3ab5b0b (edit the annotation, not this block)
             if not (pool is not None or bool(self._store.devices())):
