@@ -157,6 +157,19 @@ class ResourceManager:
             if not (pool is not None or bool(self._store.devices())):
                 raise ResourceError(f"Pre-condition: a pool spec is given or the store already holds one, got {pool!r}")
             # <<< generated
+            stored_types = sorted({rec.hw for rec in self._store.devices().values()})
+            try:
+                # VAL: VAL_SUBSET(stored_types, of=self._catalogue, exc=UnknownHardwareError)
+                # >>> generated VAL_SUBSET #933c8a4c98 (edit the annotation, not this block)
+                _val_extra = [_val_item for _val_item in stored_types if _val_item not in self._catalogue]
+                if _val_extra:
+                    raise UnknownHardwareError(f"stored_types must be a subset of {sorted(self._catalogue, key=repr)!r}; not allowed: {_val_extra!r}")
+                # <<< generated
+                pass
+            except UnknownHardwareError as exc:
+                raise UnknownHardwareError(
+                    f"store {getattr(self._store, 'path', self._store)!r}: {exc} (register a user-defined type in the "
+                    "catalogue before reopening; otherwise the store is damaged)") from None
             if pool is not None:
                 self._adopt_pool(validate_pool_spec(pool, self._catalogue))
         except BaseException:
