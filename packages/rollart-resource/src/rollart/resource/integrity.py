@@ -1,6 +1,6 @@
 """Damage detection for the metadata store: row checksums, the file checks at open, the damage error.
 
-Why checksums per row (design D16): SQLite checks its pages (``integrity_check``), not the values in
+Why checksums per row (design D18): SQLite checks its pages (``integrity_check``), not the values in
 them; one flipped byte turns role ``rollout`` into ``pollout`` or owner ``trainer`` into ``drainer``
 and SQLite still says "ok". Each row carries a CRC-32 of the canonical JSON of its table name and its
 values, maintained by triggers that call ``rollart_crc`` (registered on every connection), and the

@@ -1,4 +1,4 @@
-"""One controller per store: an OS lock on ``<store>.lock`` that names its holder (design D15).
+"""One controller per store: an OS lock on ``<store>.lock`` that names its holder (design D17).
 
 Why ``flock`` on a side file: the lock is held for the controller's whole life (SQLite's own lock only
 for one transaction), and the kernel drops it when the process dies, however it dies, so a crash

@@ -5,10 +5,10 @@ transaction) and a restart must see exactly what was committed; SQLite in WAL mo
 the standard library, with concurrent readers. ``MetadataStore`` is the small protocol the manager
 uses, so a store on shared storage can replace ``SqliteMetadataStore``.
 
-Durability (design R15, D17): WAL with ``synchronous=FULL`` (the default): a commit is on disk before
+Durability (design R15, D19): WAL with ``synchronous=FULL`` (the default): a commit is on disk before
 the call returns, so before any hook hears the outcome; a kill of the process or a power loss loses
 nothing committed. A damaged or deleted WAL loses the transactions from the damaged frame on (SQLite
-keeps the consistent prefix; not detected). The store does not trust what it reads (D16): every row
+keeps the consistent prefix; not detected). The store does not trust what it reads (D18): every row
 carries a CRC-32 checked on every read, every value is checked against the known roles, phases and
 health values, and a file that is empty, foreign, fails ``integrity_check`` or has a wrong schema or
 row is refused at open with ``StoreDamaged`` naming the file and what to do.
