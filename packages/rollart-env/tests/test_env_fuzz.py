@@ -21,6 +21,7 @@ HOSTILE = [
     "1e999", "-1e999", "1e-400", "nan", "inf", "9" * 400, "1/0", "0/0", "((" * 150 + "1" + "))" * 150,
     "-" * 199 + "1", "\x00", "1\x00", "1_000", "0x10", "1j", "2**9999", "10^{10^{10}}-1", "3 or 1",
     "__import__('os')", "\ud800", "", " ", "1" * 31, "1.5e308*10",
+    "-\\frac{-3}{4}", "\\frac{1}{0}", "\\boxed{\\frac{1}{2}}", "$-\\dfrac{7}{-2}$", "1,234,567.5",
 ]
 payload = st.one_of(st.sampled_from(HOSTILE), st.text(max_size=80), st.floats().map(repr), st.integers().map(str))
 

@@ -38,7 +38,7 @@ MAX_ANSWER_CHARS = 64
 # One number written out: optional sign, digits (optionally grouped by commas in threes), optional
 # decimal part; or an integer fraction a/b. Nothing else: no words, no second number, no exponent.
 _NUMBER_RE = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
-_FRACTION_RE = re.compile(r"([+-]?\d+)\s*/\s*(\d+)")
+_FRACTION_RE = re.compile(r"([+-]?\d+)\s*/\s*(\d+)|([+-]?)\\d?frac\{\s*([+-]?\d+)\s*\}\{\s*(\d+)\s*\}")
 
 
 class CalculatorError(ValueError):
@@ -120,7 +120,7 @@ def load_problems() -> list[dict[str, str]]:
 def parse_final_number(text: str) -> Fraction | None:
     """The exact value of a final answer written as one number, else None (never raises).
 
-    Accepted: `42`, `-3`, `1,234`, `2.5`, `7/2`, optionally wrapped in `$...$` or `\\boxed{...}` and
+    Accepted: `42`, `-3`, `1,234`, `2.5`, `7/2`, `\\frac{7}{2}`, optionally wrapped in `$...$` or `\\boxed{...}` and
     followed by a period. Refused (None): two numbers ("3 or 1", "1, 3"), expressions ("2^10 - 1"),
     exponents ("1e999"), words, anything over 64 characters. Why so strict: a grader that searches
     the text for *a* number lets a policy hedge, and one that evaluates expressions can be made to
@@ -135,8 +135,14 @@ def parse_final_number(text: str) -> Fraction | None:
         t = t[len("\\boxed{") : -1].strip()
     if _NUMBER_RE.fullmatch(t):
         value = Fraction(t.replace(",", ""))
-    elif (m := _FRACTION_RE.fullmatch(t)) and int(m.group(2)) != 0:
-        value = Fraction(int(m.group(1)), int(m.group(2)))
+    elif m := _FRACTION_RE.fullmatch(t):
+        if m.group(1) is not None:
+            num, den = int(m.group(1)), int(m.group(2))
+        else:
+            num, den = int(m.group(4)) * (-1 if m.group(3) == "-" else 1), int(m.group(5))
+        if den == 0:
+            return None
+        value = Fraction(num, den)
     else:
         return None
     if abs(value.numerator) > MAX_NUMERATOR or value.denominator > MAX_DENOMINATOR:
