@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollart.env.trajectory import Trajectory, Turn
-from rollart.reward.rules import MathAnswerReward, math_equivalent
+from rollart.reward.judge import parse_judge_score
+from rollart.reward.rules import EnvSuccessReward, FormatReward, MathAnswerReward, WeightedSum, math_equivalent
 
 
 def traj(*responses, truth=None, success=False):
@@ -93,3 +94,24 @@ def test_numbers_match_exactly_in_every_accepted_form(n, d):
 @given(st.text(max_size=60), st.sampled_from(["1", "-7", "3/4", "\\sqrt{2}", "\\{1,2\\}"]))
 def test_math_equivalent_is_total_on_any_text(text, truth):
     assert math_equivalent(text, truth) in (True, False)
+
+
+responses = st.lists(st.text(max_size=80), max_size=4)
+
+
+@settings(max_examples=40)
+@given(responses, st.booleans(), st.sampled_from(["1", "3/4", "\\sqrt{2}"]))
+async def test_every_rule_reward_is_total_and_in_its_declared_range(texts, success, truth):
+    t = traj(*texts, truth=truth, success=success)
+    for fn in (MathAnswerReward(), FormatReward(), EnvSuccessReward()):
+        result = await fn.score(t)
+        assert fn.score_range[0] <= result.score <= fn.score_range[1]
+    combo = WeightedSum([(0.9, MathAnswerReward()), (0.1, FormatReward()), (-0.5, EnvSuccessReward())])
+    assert combo.score_range == (-0.5, 1.0)
+    assert combo.score_range[0] <= (await combo.score(t)).score <= combo.score_range[1]
+
+
+@given(st.text())
+def test_judge_parser_is_total_and_in_unit_range(text):
+    score = parse_judge_score(text)
+    assert score is None or 0.0 <= score <= 1.0

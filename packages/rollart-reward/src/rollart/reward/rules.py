@@ -22,6 +22,7 @@ from rollart.reward.errors import RewardError
 from rollart.reward.protocol import RewardResult
 
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+UNIT_RANGE = (0.0, 1.0)
 MAX_SYMBOLIC_CHARS = 200
 # exponent towers (a^{b^c}, a^b^c, a**b**c), exponents of 4+ digits, factorials of big or grouped values
 _UNBOUNDED_RE = re.compile(
@@ -111,6 +112,7 @@ class MathAnswerReward:
         # <<< generated
         self.name = name
         self.truth_key = truth_key
+        self.score_range = UNIT_RANGE
         # math-verify warns on every call that its signal timeouts are off (they are, on purpose: D4)
         logging.getLogger("math_verify").setLevel(logging.ERROR)
 
@@ -124,7 +126,13 @@ class MathAnswerReward:
         if answer is None:
             return RewardResult(score=0.0, details={"answer": None})
         ok = await asyncio.to_thread(math_equivalent, answer, str(truth))
-        return RewardResult(score=1.0 if ok else 0.0, details={"answer": answer, "ground_truth": str(truth)})
+        score = 1.0 if ok else 0.0
+        # AST: AST_POSTCONDITION(self.score_range[0] <= score <= self.score_range[1], got=score, msg="score in the declared range", exc=RewardError)
+        # >>> generated AST_POSTCONDITION #d9f1b1ed03 (edit the annotation, not this block)
+        if not (self.score_range[0] <= score <= self.score_range[1]):
+            raise RewardError(f"Post-condition: score in the declared range, got {score!r}")
+        # <<< generated
+        return RewardResult(score=score, details={"answer": answer, "ground_truth": str(truth)})
 
 
 class FormatReward:
@@ -139,6 +147,7 @@ class FormatReward:
         # <<< generated
         self.name = name
         self.pattern = re.compile(pattern, re.DOTALL)
+        self.score_range = UNIT_RANGE
 
     async def score(self, trajectory: Trajectory) -> RewardResult:
         """0.0 for a trajectory without turns."""
@@ -146,6 +155,11 @@ class FormatReward:
             return RewardResult(score=0.0, details={"turns": 0})
         hits = sum(1 for t in trajectory.turns if self.pattern.search(t.response_text))
         score = hits / len(trajectory.turns)
+        # AST: AST_POSTCONDITION(self.score_range[0] <= score <= self.score_range[1], got=score, msg="score in the declared range", exc=RewardError)
+        # >>> generated AST_POSTCONDITION #d9f1b1ed03 (edit the annotation, not this block)
+        if not (self.score_range[0] <= score <= self.score_range[1]):
+            raise RewardError(f"Post-condition: score in the declared range, got {score!r}")
+        # <<< generated
         return RewardResult(score=score, details={"turns": len(trajectory.turns), "matched": hits})
 
 
@@ -155,6 +169,7 @@ class EnvSuccessReward:
     def __init__(self, name: str = "env_success") -> None:
         """No settings."""
         self.name = name
+        self.score_range = UNIT_RANGE
 
     async def score(self, trajectory: Trajectory) -> RewardResult:
         """Read `trajectory.success` and report the env return alongside."""
@@ -165,7 +180,7 @@ class WeightedSum:
     """A weighted sum of other reward functions (e.g. 0.9 math + 0.1 format)."""
 
     def __init__(self, parts: list[tuple[float, object]], name: str = "weighted") -> None:
-        """`parts` is a list of (weight, reward function)."""
+        """`parts` is a list of (weight, reward function); each part must declare its `score_range`."""
         # VAL: VAL_NON_EMPTY(parts, exc=RewardError)
         # >>> generated VAL_NON_EMPTY #99cbf3f829 (edit the annotation, not this block)
         if len(parts) == 0:
@@ -173,9 +188,23 @@ class WeightedSum:
         # <<< generated
         self.name = name
         self.parts = parts
+        for _, fn in parts:
+            # AST: AST_PRECONDITION(hasattr(fn, "score_range"), got=fn, msg="every part declares its score_range", exc=RewardError)
+            # >>> generated AST_PRECONDITION #7491658141 (edit the annotation, not this block)
+            if not (hasattr(fn, 'score_range')):
+                raise RewardError(f"Pre-condition: every part declares its score_range, got {fn!r}")
+            # <<< generated
+        lows = [min(w * fn.score_range[0], w * fn.score_range[1]) for w, fn in parts]
+        highs = [max(w * fn.score_range[0], w * fn.score_range[1]) for w, fn in parts]
+        self.score_range = (sum(lows), sum(highs))
 
     async def score(self, trajectory: Trajectory) -> RewardResult:
         """Score every part concurrently; details keep each part's result."""
         results = await asyncio.gather(*(fn.score(trajectory) for _, fn in self.parts))
         total = sum(w * r.score for (w, _), r in zip(self.parts, results))
+        # AST: AST_POSTCONDITION(self.score_range[0] - 1e-9 <= total <= self.score_range[1] + 1e-9, got=total, msg="score in the declared range", exc=RewardError)
+        # >>> generated AST_POSTCONDITION #96478fabe0 (edit the annotation, not this block)
+        if not (self.score_range[0] - 1e-09 <= total <= self.score_range[1] + 1e-09):
+            raise RewardError(f"Post-condition: score in the declared range, got {total!r}")
+        # <<< generated
         return RewardResult(score=total, details={fn.name: r.model_dump() for (_, fn), r in zip(self.parts, results)})
