@@ -263,3 +263,13 @@ async def test_a_fork_bomb_without_the_guard_is_bounded_and_leaves_nothing(mode)
     if result.run_uid is not None:
         assert live_processes_of(result.run_uid) == []
     assert (await sandbox.run("print('host fine')")).stdout == "host fine\n"
+
+
+async def test_a_bwrap_that_cannot_run_here_is_detected_at_run_time_and_auto_falls_back():
+    """`false` stands in for a bubblewrap that exists but cannot create namespaces (e.g. no userns)."""
+    sandbox = PythonSandbox(LIMITS, mode="auto", bwrap="false")
+    result = await sandbox.run("print('fallback')")
+    assert (result.containment, result.stdout) == ("process", "fallback\n")
+    strict = PythonSandbox(LIMITS, mode="bwrap", bwrap="false")
+    with pytest.raises(Exception, match="cannot run here"):
+        await strict.run("print(1)")

@@ -76,17 +76,25 @@ def lease_uid(lock_dir: str | None = None) -> UidLease:
 
 def live_processes_of(uid: int) -> list[int]:
     """Pids whose real uid is `uid` and that are not zombies (read from /proc)."""
+    needle = f"\nUid:\t{uid}\t".encode()
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            status = Path("/proc", entry, "status").read_text()
+            fd = os.open(f"/proc/{entry}/status", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        if fields.get("Uid", "").split()[:1] == [str(uid)] and not fields.get("State", "").strip().startswith(("Z", "X")):
-            pids.append(int(entry))
+        try:
+            status = os.read(fd, 4096)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        if needle in status:
+            state = status.split(b"\nState:\t", 1)[-1][:1]
+            if state not in (b"Z", b"X"):
+                pids.append(int(entry))
     return pids
 
 
