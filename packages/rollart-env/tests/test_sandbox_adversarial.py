@@ -273,3 +273,34 @@ async def test_a_bwrap_that_cannot_run_here_is_detected_at_run_time_and_auto_fal
     strict = PythonSandbox(LIMITS, mode="bwrap", bwrap="false")
     with pytest.raises(Exception, match="cannot run here"):
         await strict.run("print(1)")
+
+
+def _sandbox_uid_processes() -> list[int]:
+    """Live (non-zombie) processes whose real uid is any sandbox uid: one pass over /proc."""
+    pids = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            status = Path("/proc", entry, "status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        uid = int(fields.get("Uid", "-1").split()[0])
+        if RUN_UID_BASE <= uid < RUN_UID_BASE + RUN_UID_COUNT and not fields.get("State", "").startswith(("Z", "X")):
+            pids.append(int(entry))
+    return pids
+
+
+@pytest.mark.skipif(not ROOT, reason="per-run uids need root")
+@pytest.mark.parametrize("mode", MODES)
+async def test_cancelling_a_run_kills_it_and_its_escaped_children(mode, listener, shared_dir):
+    """The EnvManager cancels a step (staleness, shutdown): nothing of that run may keep running."""
+    sandbox = _sandbox(mode)
+    await sandbox.containment()
+    beat = shared_dir / "heartbeat"
+    task = asyncio.create_task(sandbox.run(ESCAPE.format(beat=str(beat), port=listener.port) + "\nimport time\ntime.sleep(100)"))
+    await asyncio.sleep(1.0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not await asyncio.to_thread(_still_growing, beat)
+    assert _sandbox_uid_processes() == []

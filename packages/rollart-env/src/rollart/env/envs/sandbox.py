@@ -330,6 +330,8 @@ class PythonSandbox:
             except TimeoutError:
                 pass  # a writer escaped the kill (non-root fallback only): stop listening to it
         finally:
+            if proc.returncode is None:  # cancelled by our caller: the run must not outlive the call
+                self._kill_group(proc.pid)
             for fd in list(open_fds):
                 loop.remove_reader(fd)
             waiter.cancel()
