@@ -1,6 +1,6 @@
 """Rule rewards: exact math answers, format checks, environment success.
 
-The math rule (design D9): a final answer is graded *exactly* and must be *one* answer. A numeric
+The math rule (design D10): a final answer is graded *exactly* and must be *one* answer. A numeric
 truth needs one number written out (`rollart.env.envs.math_calc.parse_final_number`, the rule the
 math env uses too) equal to it as a fraction. A symbolic truth (LaTeX, sets, intervals) goes to
 math-verify, but only when the parser consumed the whole answer (so "3 or 1" is not read as "1"),
