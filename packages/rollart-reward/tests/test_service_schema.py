@@ -47,6 +47,7 @@ def test_openapi_schema_is_served_and_describes_the_protections(shared_server):
     assert "slow" in body["properties"]["reward"]["enum"]  # the registered rewards
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["positive", "negative"])
 def test_service_conforms_to_its_schema_and_never_answers_5xx(shared_server, mode):
     """Authenticated requests generated from the schema (valid ones, then invalid ones): every answer is
@@ -68,6 +69,7 @@ def test_service_conforms_to_its_schema_and_never_answers_5xx(shared_server, mod
         assert any(path == "/v1/score" and status in (413, 422) for path, status in seen)
 
 
+@pytest.mark.slow
 def test_unauthenticated_requests_are_always_rejected(shared_server):
     schema = load_schema(shared_server.url, credentials=False)
     seen: Counter[tuple[str, int]] = Counter()
