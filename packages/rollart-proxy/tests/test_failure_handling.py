@@ -8,9 +8,11 @@ import asyncio
 import logging
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rollart.proxy.errors import NoWorkerAvailableError
-from rollart.proxy.proxy import ACTIVE, REMOVED, LLMProxy
+from rollart.proxy.proxy import ACTIVE, REMOVED, LLMProxy, restart_delay
 from rollart.proxy.sim_engine import QWEN3_8B, SimEngine, lookup_hardware
 from rollart.proxy.testing import run_virtual
 from rollart.proxy.types import GenerateRequest, SamplingParams
@@ -200,3 +202,33 @@ def test_health_check_is_configurable_and_off_means_no_probe():
 
     state, checked, after = run_virtual(go())
     assert state == (ACTIVE, 0) and checked == {0: "failed"} and after == (ACTIVE, 1)
+
+
+@given(
+    gaps=st.lists(st.floats(0.0, 300.0), min_size=1, max_size=40),
+    window=st.floats(1.0, 500.0),
+    max_restarts=st.integers(0, 5),
+    backoff=st.floats(0.0, 10.0),
+    backoff_max=st.floats(0.0, 60.0),
+)
+def test_restart_budget_never_exceeded_in_any_window(gaps, window, max_restarts, backoff, backoff_max):
+    """Failures at arbitrary times: within any window there are at most max_restarts restarts, the first
+    one in a window is immediate, and each later one waits its exponential backoff."""
+    times: list[float] = []
+    restarts: list[float] = []
+    now = 0.0
+    for gap in gaps:
+        now = max(now + gap, restarts[-1] if restarts else 0.0)  # a failure is seen after the last restart
+        in_window_before = len([t for t in restarts if now - t < window])
+        delay = restart_delay(times, now, window_s=window, max_restarts=max_restarts, backoff_s=backoff,
+                              backoff_max_s=backoff_max)
+        if delay is None:
+            assert in_window_before >= max_restarts
+            continue
+        assert in_window_before < max_restarts
+        expected = 0.0 if in_window_before == 0 else min(backoff_max, backoff * 2 ** (in_window_before - 1))
+        assert delay == pytest.approx(expected)
+        times.append(now + delay)
+        restarts.append(now + delay)
+    for r in restarts:
+        assert len([t for t in restarts if r - window < t <= r]) <= max(max_restarts, 0)

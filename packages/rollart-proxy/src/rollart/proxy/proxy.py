@@ -578,11 +578,8 @@ class LLMProxy:
         await asyncio.gather(*evictions)
 
     def _budget_delay(self, times: list[float], now: float) -> float | None:
-        """Prune ``times`` to the window; None when the budget is spent, else the backoff before the next try."""
-        times[:] = [t for t in times if now - t < self._restart_window]
-        if len(times) >= self._max_restarts:
-            return None
-        return 0.0 if not times else min(self._backoff_max, self._backoff * 2 ** (len(times) - 1))
+        return restart_delay(times, now, window_s=self._restart_window, max_restarts=self._max_restarts,
+                             backoff_s=self._backoff, backoff_max_s=self._backoff_max)
 
     async def _bring_up(self, slot: WorkerSlot) -> None:
         """After a restart or a replacement: latest weights, the proxy's suspension state, then route to it."""
@@ -743,6 +740,17 @@ class LLMProxy:
         self._resumed.set()
         self._notify()
         await asyncio.gather(*(s.handle.stop() for s in self._slots if s.state != REMOVED), return_exceptions=True)
+
+
+def restart_delay(times: list[float], now: float, *, window_s: float, max_restarts: int, backoff_s: float, backoff_max_s: float) -> float | None:
+    """The restart budget (design D16): prune ``times`` (loop times of earlier restarts) to the window ending
+    at ``now``; None when ``max_restarts`` are already in it, else the pause before the next restart
+    (0 for the first in the window, then ``backoff_s * 2**(k-1)`` after k restarts, capped)."""
+    # deps: none
+    times[:] = [t for t in times if now - t < window_s]
+    if len(times) >= max_restarts:
+        return None
+    return 0.0 if not times else min(backoff_max_s, backoff_s * 2 ** min(len(times) - 1, 60))
 
 
 def validate_shrink_ranks(ranks: list[int], slots: Sequence[WorkerSlot], inflight: int) -> None:
