@@ -6,7 +6,7 @@ A worker may hand the request back (``migrated`` on shrink, rebalance or offload
 continuation elsewhere, so the new worker only recomputes the KV (ROLL regenerates the turn; we
 keep the tokens and their log-probs).
 
-Failure handling (design D16-D18): a failed worker is restarted on its device within a restart
+Failure handling (design D22-D24): a failed worker is restarted on its device within a restart
 budget (``max_restarts`` per ``restart_window_s``, with exponential backoff between restarts of a
 slot); beyond it the worker is removed and, when the proxy has a ``worker_factory``, replaced in
 the background (rate-limited by the same budget). A periodic health check probes idle workers so a
@@ -743,7 +743,7 @@ class LLMProxy:
 
 
 def restart_delay(times: list[float], now: float, *, window_s: float, max_restarts: int, backoff_s: float, backoff_max_s: float) -> float | None:
-    """The restart budget (design D16): prune ``times`` (loop times of earlier restarts) to the window ending
+    """The restart budget (design D22): prune ``times`` (loop times of earlier restarts) to the window ending
     at ``now``; None when ``max_restarts`` are already in it, else the pause before the next restart
     (0 for the first in the window, then ``backoff_s * 2**(k-1)`` after k restarts, capped)."""
     # deps: none

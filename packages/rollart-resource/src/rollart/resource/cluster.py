@@ -8,7 +8,7 @@ installs serverless clients, and repairs failures: a dead worker is restarted on
 devices; if it dies again it is removed and its devices go back to the free pool (R9).
 Proxies are async (design D7): ``await trainers.compute_gradients(batch)``.
 
-Every call has a deadline (R11, design D13): the cluster's ``call_timeout``, a method's own
+Every call has a deadline (R11, design D20): the cluster's ``call_timeout``, a method's own
 ``register(timeout=)``/``hw_mapping(timeout=)``, or one call's ``rollart_timeout=`` keyword. A worker
 method that never returns ends with ``CallTimeout`` naming the method, the worker and the deadline;
 the worker is not declared dead for it (it may only be slow), the event ``worker_call_timeout`` is

@@ -6,7 +6,7 @@ Only unfinished items (transport failure, `timeout`/`busy`) are re-sent. The cal
 bounds everything: each attempt's HTTP timeout and the server-side `timeout_s` are cut to what is
 left, and a batch not done by the deadline raises `RewardTimeoutError`.
 
-Why retry until the deadline (design D9): a service restart takes seconds, and connection errors
+Why retry until the deadline (design D12): a service restart takes seconds, and connection errors
 are instant, so a fixed attempt count spent itself in a few seconds of backoff and gave up long
 before the deadline. Attempts are spaced by exponential backoff with equal jitter
 (`backoff_delay`), a 429's `Retry-After` is honoured, and `max_attempts` is only an optional cap.

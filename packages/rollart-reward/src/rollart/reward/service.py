@@ -8,7 +8,7 @@ Ray Serve or a cloud function later without code changes.
 
 Endpoints: `GET /health` (no auth), `GET /metrics` and `POST /v1/score` (bearer token in the
 `Authorization` header only), `GET /openapi.json` (no auth: the service's own OpenAPI 3.1 schema,
-design D10). Errors are structured: `{"error": {"code", "message", ...}}`.
+design D13). Errors are structured: `{"error": {"code", "message", ...}}`.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ class HealthResponse(BaseModel):
 
 
 def openapi_schema(app: FastAPI, registry: RewardRegistry, config: ServiceConfig) -> dict[str, Any]:
-    """The service's OpenAPI document, precise enough to fuzz against (design D10).
+    """The service's OpenAPI document, precise enough to fuzz against (design D13).
 
     `/v1/score` reads its body by hand (size cap before parsing, D6), so FastAPI cannot infer the
     request body; it is added here from `ScoreRequest`, with the registered reward names as an enum
@@ -255,7 +255,7 @@ def create_app(registry: RewardRegistry, config: ServiceConfig) -> FastAPI:
             metrics["rejected_size"] += 1
             return _error(413, "payload_too_large", f"body exceeds max_body_bytes={config.max_body_bytes}")
         try:
-            req = ScoreRequest.model_validate_json(body, strict=True)  # what the schema says, no coercion (D10)
+            req = ScoreRequest.model_validate_json(body, strict=True)  # what the schema says, no coercion (D13)
         except ValidationError as exc:
             metrics["rejected_invalid"] += 1
             errors = [
