@@ -22,6 +22,8 @@ async def test_ray_workers_two_iterations(ray_cluster, tmp_path):
     try:
         workers = [s.handle for s in pipe.parts.rollout.control.slots]
         assert all(type(w).__name__ == "RayWorkerHandle" for w in workers)
+        # the proxy's health check reaches inside each actor (a handle without probe would say no_probe)
+        assert set((await pipe.parts.proxy.check_health()).values()) == {"ok"}
         recs = await pipe.run(2)
         ledger = pipe.parts.controller.pool.ledger
         roles = {d: rec.role for d, rec in ledger.devices().items()}

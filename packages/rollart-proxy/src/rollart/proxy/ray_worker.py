@@ -11,6 +11,7 @@ dead creates a new one with the same options, so it lands on the same placement-
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,8 @@ from rollart.proxy.worker import InferenceWorker, WorkerStats
 
 if TYPE_CHECKING:
     import torch
+
+logger = logging.getLogger(__name__)
 
 
 class InferenceWorkerActor:
@@ -134,6 +137,10 @@ class RayWorkerHandle:
         """The worker's stats snapshot."""
         return await self._remote("stats")
 
+    async def probe(self) -> WorkerStats:
+        """Health check: a dead actor raises WorkerFailedError, a failed engine too (from the actor)."""
+        return await self._remote("probe")
+
     async def restart(self) -> None:
         """Rebuild the engine in the actor; if the actor is dead, replace it (same options, same device)."""
         import ray
@@ -141,6 +148,7 @@ class RayWorkerHandle:
         try:
             await self._remote("restart")
         except WorkerFailedError:
+            logger.info("ray worker %s: the actor is dead; starting a new one on the same resources", self.worker_id)
             try:
                 ray.kill(self._actor, no_restart=True)
             except Exception:  # already gone

@@ -227,6 +227,17 @@ class InferenceWorker:
         """Load new weights by name as ``version``; in-flight requests continue under them."""
         await self._command(CommandKind.UPDATE_WEIGHTS, (weights, version))
 
+    async def probe(self) -> WorkerStats:
+        """Answer the proxy's health check: the stats while the loop runs and the engine is not FAILED.
+
+        Raises WorkerFailedError when the loop is gone (stopped or crashed) or the engine failed, so an
+        idle dead worker is found without a request having to fail on it.
+        """
+        if self._task is None or self._task.done() or self._state is WorkerState.FAILED:
+            loop = "no loop" if self._task is None else ("loop ended" if self._task.done() else "loop running")
+            raise WorkerFailedError(f"worker {self.worker_id} is {self._state.value} ({loop})")
+        return self.stats()
+
     def stats(self) -> WorkerStats:
         """A snapshot of state, version and load."""
         load = self._engine.load() if self._engine is not None else None
@@ -421,6 +432,11 @@ class WorkerHandle(Protocol):
 
     async def restart(self) -> None:
         """Restart with a fresh engine on the same device."""
+        ...
+
+    async def probe(self) -> Any:
+        """Health check: return while the worker can serve, raise WorkerFailedError (or time out) when it cannot.
+        The proxy treats a handle without ``probe`` as checked by its requests only."""
         ...
 
     async def stop(self) -> None:

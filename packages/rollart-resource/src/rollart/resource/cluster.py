@@ -7,6 +7,12 @@ ResourceManager (devices from the ledger, placement from the runtime), reports t
 installs serverless clients, and repairs failures: a dead worker is restarted once on the same
 devices; if it dies again it is removed and its devices go back to the free pool (R9).
 Proxies are async (design D7): ``await trainers.compute_gradients(batch)``.
+
+Every call has a deadline (R11, design D20): the cluster's ``call_timeout``, a method's own
+``register(timeout=)``/``hw_mapping(timeout=)``, or one call's ``rollart_timeout=`` keyword. A worker
+method that never returns ends with ``CallTimeout`` naming the method, the worker and the deadline;
+the worker is not declared dead for it (it may only be slow), the event ``worker_call_timeout`` is
+recorded and ``check_health`` reports it ``unresponsive``.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 
 from rollart.resource.decorators import ROUTE_MODE, DispatchSpec, dispatch_spec_of
 from rollart.resource.errors import (
+    CallTimeout,
     ResourceError,
     ServerlessError,
     UnknownHardwareError,
@@ -32,7 +39,10 @@ from rollart.resource.serverless import ServerlessClient, redact_url
 from rollart.resource.store import WorkerRecord
 from rollart.resource.worker import Worker
 
-__all__ = ["Cluster"]
+__all__ = ["CALL_TIMEOUT_KEYWORD", "Cluster"]
+
+CALL_TIMEOUT_KEYWORD = "rollart_timeout"
+"""The keyword a caller adds to one cluster call to set that call's deadline (it is not passed to the worker)."""
 
 
 @dataclass
@@ -61,7 +71,7 @@ class Cluster:
     """
 
     def __init__(self, manager: ResourceManager, worker_cls: type, name: str, role: str, runtime: WorkerRuntime,
-                 timeout: float) -> None:
+                 timeout: float, call_timeout: float = 300.0) -> None:
         # use Cluster.create: construction alone spawns nothing
         self._manager = manager
         self._worker_cls = worker_cls
@@ -69,6 +79,8 @@ class Cluster:
         self._role = role
         self._runtime = runtime
         self._timeout = timeout
+        self._call_timeout = call_timeout
+        self._method_timeouts: dict[str, float] = {}
         self._members: dict[int, _Member] = {}
         self._world_size = 0
         self._round_robin: dict[str, int] = {}
@@ -76,7 +88,7 @@ class Cluster:
         self._serverless_methods: dict[str, str] = {}  # method -> service name
 
     @classmethod
-    async def create(cls, manager: ResourceManager, worker_cls: type[Worker], *, role: str, num_workers: int, hw: str | Mapping[str, int] | None = None, devices_per_worker: int = 1, name: str | None = None, runtime: WorkerRuntime | None = None, args: tuple = (), kwargs: Mapping[str, Any] | None = None, timeout: float = 60.0) -> Cluster:
+    async def create(cls, manager: ResourceManager, worker_cls: type[Worker], *, role: str, num_workers: int, hw: str | Mapping[str, int] | None = None, devices_per_worker: int = 1, name: str | None = None, runtime: WorkerRuntime | None = None, args: tuple = (), kwargs: Mapping[str, Any] | None = None, timeout: float = 60.0, call_timeout: float = 300.0) -> Cluster:
         """Allocate devices, spawn the workers, bind the decorated methods; all or nothing.
 
         Args:
@@ -92,6 +104,8 @@ class Cluster:
             args: positional constructor arguments after the context.
             kwargs: keyword constructor arguments.
             timeout: deadline for placing and starting each worker.
+            call_timeout: default deadline of every call to a worker method, in seconds (a method's
+                ``register(timeout=)`` and a call's ``rollart_timeout=`` override it).
 
         Returns:
             The started cluster.
@@ -112,6 +126,11 @@ class Cluster:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
             raise ResourceError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
         # <<< generated
+        # VAL: VAL_TIMEOUT(call_timeout, exc=ResourceError)
+        # >>> generated VAL_TIMEOUT #c11901df08 (edit the annotation, not this block)
+        if isinstance(call_timeout, bool) or not isinstance(call_timeout, (int, float)) or not (call_timeout - call_timeout == 0) or not call_timeout > 0:
+            raise ResourceError(f"call_timeout must be a finite timeout > 0 seconds, got {call_timeout!r}")
+        # <<< generated
         # AST: AST_PRECONDITION(isinstance(worker_cls, type) and issubclass(worker_cls, Worker), got=worker_cls, msg="worker_cls is a Worker subclass", exc=ResourceError)
         # >>> generated AST_PRECONDITION #7cffac5735 (edit the annotation, not this block)
         if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
@@ -130,7 +149,8 @@ class Cluster:
                                     "rename the worker method")
         if any(rec.owner == name for rec in manager.devices().values()):
             raise ResourceError(f"name {name!r} already owns devices in the ledger; choose another cluster name")
-        self = cls(manager, worker_cls, name, role, runtime or LocalRuntime(), float(timeout))
+        self = cls(manager, worker_cls, name, role, runtime or LocalRuntime(), float(timeout), float(call_timeout))
+        self._method_timeouts = {m: spec.call_timeout for m, spec in specs.items() if spec.call_timeout is not None}
         self._world_size = num_workers
         contexts: list[WorkerContext] = []
         try:
@@ -231,13 +251,34 @@ class Cluster:
         return self._members[rank].hw
 
     # -- calls -----------------------------------------------------------------------------------
-    async def _call(self, rank: int, method: str, args: tuple, kwargs: Mapping[str, Any]) -> Any:
+    def _split_deadline(self, method: str, kwargs: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        """The deadline of one call (its rollart_timeout=, else the method's, else the cluster's) and the
+        keyword arguments for the worker without it."""
+        if CALL_TIMEOUT_KEYWORD not in kwargs:
+            return self._method_timeouts.get(method, self._call_timeout), kwargs
+        kwargs = dict(kwargs)
+        rollart_timeout = kwargs.pop(CALL_TIMEOUT_KEYWORD)
+        # VAL: VAL_TIMEOUT(rollart_timeout, exc=ResourceError)
+        # >>> generated VAL_TIMEOUT #4b0b92eff6 (edit the annotation, not this block)
+        if isinstance(rollart_timeout, bool) or not isinstance(rollart_timeout, (int, float)) or not (rollart_timeout - rollart_timeout == 0) or not rollart_timeout > 0:
+            raise ResourceError(f"rollart_timeout must be a finite timeout > 0 seconds, got {rollart_timeout!r}")
+        # <<< generated
+        return float(rollart_timeout), kwargs
+
+    async def _call(self, rank: int, method: str, args: tuple, kwargs: Mapping[str, Any],
+                    timeout: float | None = None) -> Any:
+        if timeout is None:
+            timeout, kwargs = self._split_deadline(method, dict(kwargs))
         member = self._members.get(rank)
         if member is None:
             raise WorkerFailedError(self._name, rank, "removed")
         handle = member.handle
         try:
-            result = await self._runtime.call(handle, method, args, kwargs)
+            result = await self._runtime.call(handle, method, args, kwargs, timeout=timeout)
+        except CallTimeout:
+            self._manager.record_event("worker_call_timeout", {"worker": f"{self._name}/{rank}", "method": method,
+                                                               "timeout_s": timeout})
+            raise
         except WorkerDiedError as exc:
             action = await self._handle_death(member, handle)
             raise WorkerFailedError(self._name, rank, action, exc) from exc
@@ -269,12 +310,14 @@ class Cluster:
     async def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Broadcast the call to every worker and gather the results in rank order."""
         # deps: Cluster._call
-        return await self._gather([self._call(rank, method, args, kwargs) for rank in self._live_ranks()])
+        timeout, kwargs = self._split_deadline(method, kwargs)
+        return await self._gather([self._call(rank, method, args, kwargs, timeout) for rank in self._live_ranks()])
 
     async def execute_rank0(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call only the lowest live rank (the single-controller pattern for e.g. saving)."""
         # deps: Cluster._call
-        return await self._call(self._live_ranks()[0], method, args, kwargs)
+        timeout, kwargs = self._split_deadline(method, kwargs)
+        return await self._call(self._live_ranks()[0], method, args, kwargs, timeout)
 
     async def dp_split(self, method: str, items: Sequence[Any], *args: Any, **kwargs: Any) -> list[Any]:
         """Split items into contiguous chunks, one per worker, and concatenate the returned lists in order."""
@@ -284,6 +327,7 @@ class Cluster:
         if not isinstance(items, (list, tuple)):
             raise ResourceError(f"items must be of type (list, tuple), got {type(items).__name__} {items!r}")
         # <<< generated
+        timeout, kwargs = self._split_deadline(method, kwargs)
         ranks = self._live_ranks()
         base, extra = divmod(len(items), len(ranks))
         chunks, start = [], 0
@@ -292,7 +336,8 @@ class Cluster:
             if size:
                 chunks.append((rank, list(items[start:start + size])))
             start += size
-        parts = await self._gather([self._call(rank, method, (chunk, *args), kwargs) for rank, chunk in chunks])
+        parts = await self._gather([self._call(rank, method, (chunk, *args), kwargs, timeout)
+                                    for rank, chunk in chunks])
         merged: list[Any] = []
         for (rank, _), part in zip(chunks, parts):
             if not isinstance(part, (list, tuple)):
@@ -308,6 +353,7 @@ class Cluster:
         ``tag_name`` is passed on to the worker method when its signature accepts it.
         """
         # deps: Cluster._call
+        timeout, kwargs = self._split_deadline(method, kwargs)
         ranks = self._live_ranks()
         preferred = hw_affinity.get(tag_name, hw_affinity["default"])
         candidates = ([r for r in ranks if self._members[r].hw == preferred]
@@ -316,7 +362,7 @@ class Cluster:
         self._round_robin[preferred] = turn + 1
         if self._accepts(method, "tag_name"):
             kwargs = {**kwargs, "tag_name": tag_name}
-        return await self._call(candidates[turn % len(candidates)], method, args, kwargs)
+        return await self._call(candidates[turn % len(candidates)], method, args, kwargs, timeout)
 
     def _accepts(self, method: str, param: str) -> bool:
         try:
@@ -326,17 +372,28 @@ class Cluster:
         return param in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
     # -- health ----------------------------------------------------------------------------------
-    async def check_health(self) -> dict[int, str]:
-        """Ping every worker; repair the dead ones (restart once, then remove); returns {rank: action}."""
+    async def check_health(self, timeout: float = 10.0) -> dict[int, str]:
+        """Ping every worker; repair the dead ones (restart once, then remove); returns {rank: action}.
+
+        A ping not answered within ``timeout`` is ``unresponsive``: reported, not repaired (a worker busy in
+        a long sync method cannot answer either; the caller decides).
+        """
         # deps: Cluster._handle_death
+        # VAL: VAL_TIMEOUT(timeout, exc=ResourceError)
+        # >>> generated VAL_TIMEOUT #1a53c8063d (edit the annotation, not this block)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
+            raise ResourceError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
+        # <<< generated
         actions: dict[int, str] = {}
 
         async def probe(rank: int) -> None:
             try:
-                await self._call(rank, "rollart_ping", (), {})
+                await self._call(rank, "rollart_ping", (), {}, float(timeout))
                 actions[rank] = "ok"
             except WorkerFailedError as exc:
                 actions[rank] = exc.action
+            except CallTimeout:
+                actions[rank] = "unresponsive"
 
         await asyncio.gather(*(probe(rank) for rank in self.ranks))
         return dict(sorted(actions.items()))

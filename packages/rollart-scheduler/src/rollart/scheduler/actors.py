@@ -188,6 +188,10 @@ class RolloutActor(Worker):
         """Forwarded to InferenceWorker.submit."""
         return await self._worker.submit(request)
 
+    async def probe(self) -> Any:
+        """The worker's health answer (its stats), or WorkerFailedError when its loop or engine is gone."""
+        return await self._worker.probe()
+
     async def abort(self, request_id: str) -> bool:
         """Forwarded to InferenceWorker.abort."""
         return await self._worker.abort(request_id)

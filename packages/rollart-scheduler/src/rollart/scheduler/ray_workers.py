@@ -38,6 +38,10 @@ class RayWorkerHandle:
         """Add a request and wait for its output."""
         return await self.call("submit", request)
 
+    async def probe(self) -> Any:
+        """The proxy's health check, answered inside the actor (an unreachable actor raises)."""
+        return await self.call("probe")
+
     async def abort(self, request_id: str) -> bool:
         """Abort one request."""
         return await self.call("abort", request_id)
