@@ -158,3 +158,31 @@ async def test_kv_budget_limits_admission(tiny_model_path):
     assert (load.running, load.waiting) == (1, 1)  # each reserves 10 prompt + 10 new tokens: one fits in 30
     with pytest.raises(ProxyError, match="needed must be an integer in"):
         engine.add_request(EngineRequest("c", tuple(range(10, 35)), GREEDY))
+
+
+async def test_request_resumed_after_weight_update_is_readmitted(engine):
+    """Issue 13 item 2: prompt 10, max_tokens 50, max_kv_tokens 64, update after 11 tokens -> must finish."""
+    engine = TorchEngine(engine.model, max_kv_tokens=64, offload_to_thread=False)
+    req = EngineRequest("r", tuple(range(10, 20)), SamplingParams(max_tokens=50, temperature=0))
+    engine.add_request(req)
+    for _ in range(11):  # prefill + 10 decodes = 11 tokens
+        await engine.step()
+    await engine.load_weights({}, version=1)
+    outs, steps = {}, 0
+    while engine.has_work() and steps < 200:
+        for out in await engine.step():
+            outs[out.request_id] = out
+        steps += 1
+    assert "r" in outs, f"not re-admitted after {steps} steps: {engine.load()}"
+    assert len(outs["r"].token_ids) == 50 and outs["r"].token_versions == (0,) * 11 + (1,) * 39
+
+
+async def test_load_reports_free_kv_of_prompt_plus_max_tokens(engine):
+    """The reservation is prompt + max_tokens for the request's whole life, not growing as it decodes."""
+    engine = TorchEngine(engine.model, max_kv_tokens=64, offload_to_thread=False)
+    engine.add_request(EngineRequest("r", tuple(range(10, 20)), SamplingParams(max_tokens=50, temperature=0)))
+    assert engine.load().free_kv_tokens == 64
+    for n in range(1, 12):
+        await engine.step()
+        load = engine.load()
+        assert (load.running, load.free_kv_tokens, load.tokens_in_flight) == (1, 4, 60), f"after {n} tokens"

@@ -46,6 +46,12 @@ class _Sequence:
     def context_len(self) -> int:
         return len(self.request.prompt_ids) + len(self.token_ids)
 
+    @property
+    def kv_reserved(self) -> int:
+        """KV this request holds from admission to its end: prompt + max_tokens (D16). Generated
+        tokens are inside that budget, so it neither grows while decoding nor when resumed."""
+        return len(self.request.prompt_ids) + self.request.params.max_tokens
+
     def output(self, reason: str | None) -> EngineOutput:
         return EngineOutput(
             request_id=self.request.request_id,
@@ -178,8 +184,8 @@ class TorchEngine:
 
     def load(self) -> EngineLoad:
         """Occupancy for routing: KV is reserved for prompt + max tokens of every admitted request."""
-        reserved = sum(s.context_len + s.request.remaining_tokens for s in self._running.values())
-        in_flight = reserved + sum(s.context_len + s.request.remaining_tokens for s in self._waiting)
+        reserved = sum(s.kv_reserved for s in self._running.values())
+        in_flight = reserved + sum(s.kv_reserved for s in self._waiting)
         return EngineLoad(
             running=len(self._running),
             waiting=len(self._waiting),
@@ -209,7 +215,7 @@ class TorchEngine:
             if len(self._running) + len(admitted) >= self._max_num_seqs:
                 break
             seq = self._waiting[0]
-            need = seq.context_len + seq.request.remaining_tokens
+            need = seq.kv_reserved
             if reserved + need > self._max_kv_tokens:
                 break
             reserved += need
