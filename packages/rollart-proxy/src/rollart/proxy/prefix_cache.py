@@ -4,7 +4,8 @@ Why token-keyed with a longest-common-prefix lookup (design D19): the next turn 
 trajectory is its previous context plus the environment's answer, and requests of one task share
 their instructions; with causal attention the KV of the first m tokens depends only on those m
 tokens, so any common prefix of an entry can be sliced out and reused exactly. Entries are kept in
-LRU order and counted in tokens, because the engine's KV budget is in tokens; the engine passes its
+LRU order and counted in tokens, and indexed by a token trie (a lookup walks the context once,
+whatever the number of entries), because the engine's KV budget is in tokens; the engine passes its
 free capacity to every call that may grow the cache, so cached and running KV share one budget.
 """
 
@@ -32,21 +33,24 @@ class PrefixHit:
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix (binary search over slice equality, which runs in C)."""
-    lo, hi = 0, min(len(a), len(b))
-    if hi == 0 or a[0] != b[0]:
-        return 0
-    a, b = tuple(a), tuple(b)
-    if a[:hi] == b[:hi]:
-        return hi
-    lo = 1  # invariant: a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    """Length of the longest common prefix of two token sequences."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class _Node:
+    """A token trie node: ids of the cached keys whose tokens pass through it, and the key ending here."""
+
+    __slots__ = ("children", "keys", "end")
+
+    def __init__(self) -> None:
+        self.children: dict[int, _Node] = {}
+        self.keys: set[int] = set()  # entry ids (hashing a long tuple per node would cost O(len) each)
+        self.end: tuple[int, ...] | None = None
 
 
 class PrefixKVCache:
@@ -55,6 +59,10 @@ class PrefixKVCache:
     def __init__(self) -> None:
         """An empty cache; the engine passes its free capacity to every call that may grow it."""
         self._entries: OrderedDict[tuple[int, ...], KV] = OrderedDict()
+        self._root = _Node()  # a token trie over the keys: lookups cost O(context), not O(entries)
+        self._ids: dict[tuple[int, ...], int] = {}
+        self._keys: dict[int, tuple[int, ...]] = {}
+        self._next_id = 0
         self._tokens = 0
         self.evicted_tokens = 0  # cumulative tokens dropped by LRU eviction (not by clear or extension)
 
@@ -77,21 +85,17 @@ class PrefixKVCache:
         if not max_len >= 0:
             raise ProxyError(f"max_len must be >= 0, got {max_len!r}")
         # <<< generated
-        if max_len == 0 or not context:
+        node, depth = self._root, 0
+        for token in context[:max_len]:
+            child = node.children.get(token)
+            if child is None:
+                break
+            node, depth = child, depth + 1
+        if depth == 0:
             return None
-        query = tuple(context[:max_len])
-        best_key, best = None, 0
-        for key in self._entries:
-            n = common_prefix_len(query, key)
-            if n > best:
-                best_key, best = key, n
-                if n == len(query):
-                    break
-        if best_key is None:
-            return None
-        self._entries.move_to_end(best_key)
-        kv = self._entries[best_key]
-        return PrefixHit(best, [(k[:, :, :best], v[:, :, :best]) for k, v in kv])
+        key = self._keys[next(iter(node.keys))]  # every key through this node has the same first `depth` tokens
+        self._entries.move_to_end(key)
+        return PrefixHit(depth, [(k[:, :, :depth], v[:, :, :depth]) for k, v in self._entries[key]])
 
     def insert(self, tokens: tuple[int, ...], kv: KV, capacity: int) -> bool:
         """Keep ``kv`` under ``tokens``, dropping entries it extends and LRU ones until all fit in ``capacity``."""
@@ -105,24 +109,51 @@ class PrefixKVCache:
         if tokens in self._entries:
             self._entries.move_to_end(tokens)
             return True
-        for key in self._entries:
-            if len(key) > len(tokens) and key[: len(tokens)] == tokens:
-                self._entries.move_to_end(key)
-                return True  # a longer entry already holds this prefix: nothing new to keep
-        for key in [k for k in self._entries if tokens[: len(k)] == k]:
-            del self._entries[key]  # the new entry extends it (the previous turn of a trajectory)
-            self._tokens -= len(key)
+        node, extended = self._root, []
+        for token in tokens:
+            node = node.children.get(token)  # type: ignore[assignment]
+            if node is None:
+                break
+            if node.end is not None:
+                extended.append(node.end)
+        else:  # every token is on the trie: a longer entry already holds this prefix
+            self._entries.move_to_end(self._keys[next(iter(node.keys))])
+            return True
+        for key in extended:  # the new entry extends them (the previous turn of a trajectory)
+            self._drop(key)
         self.evict_to(capacity - len(tokens))
         self._entries[tokens] = kv
         self._tokens += len(tokens)
+        entry_id, self._next_id = self._next_id, self._next_id + 1
+        self._ids[tokens], self._keys[entry_id] = entry_id, tokens
+        node = self._root
+        for token in tokens:
+            node = node.children.setdefault(token, _Node())
+            node.keys.add(entry_id)
+        node.end = tokens
         return True
+
+    def _drop(self, key: tuple[int, ...]) -> None:
+        del self._entries[key]
+        self._tokens -= len(key)
+        entry_id = self._ids.pop(key)
+        del self._keys[entry_id]
+        node = self._root
+        for token in key:
+            child = node.children[token]
+            child.keys.discard(entry_id)
+            if not child.keys:
+                del node.children[token]  # no key passes here any more: the subtree goes
+                return
+            node = child
+        node.end = None
 
     def evict_to(self, capacity: int) -> int:
         """Drop least recently used entries until at most ``capacity`` tokens stay; return the tokens dropped."""
         dropped = 0
         while self._entries and self._tokens > max(capacity, 0):
-            key, _ = self._entries.popitem(last=False)
-            self._tokens -= len(key)
+            key = next(iter(self._entries))
+            self._drop(key)
             dropped += len(key)
         self.evicted_tokens += dropped
         return dropped
@@ -131,5 +162,8 @@ class PrefixKVCache:
         """Drop every entry (weight update, offload); return the tokens dropped."""
         dropped = self._tokens
         self._entries.clear()
+        self._ids.clear()
+        self._keys.clear()
+        self._root = _Node()
         self._tokens = 0
         return dropped
