@@ -7,6 +7,7 @@ the examples in `examples/` show the same composition written out by hand.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,20 @@ async def start_local_workers(config: RunConfig, mcfg: Any) -> list[InferenceWor
     return workers
 
 
+async def collect_engine_stats(workers: list[Any]) -> dict[str, float]:
+    """The rollout engines' cumulative counters (rollart-proxy `TorchEngine.stats`), summed over workers."""
+    total: dict[str, float] = {}
+    for w in workers:
+        if isinstance(w, InferenceWorker):
+            stats = getattr(w.engine, "stats", None)
+            snap = dataclasses.asdict(stats()) if stats is not None else {}
+        else:
+            snap = await w.engine_stats() if hasattr(w, "engine_stats") else {}
+        for key, value in snap.items():
+            total[key] = total.get(key, 0.0) + value
+    return total
+
+
 async def _ray_workers_with_ledger(config: RunConfig, mcfg: Any) -> tuple[Any, list[Any]]:
     """Rollout workers as Ray actors on devices taken from a rollart.resource ledger (Ray must be up)."""
     from rollart.resource.manager import ResourceManager
@@ -161,7 +176,7 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
                           rollout_devices=rollout_devices, train_devices=train_devices, controller=controller,
                           timeline=timeline, metrics=MetricsWriter(run_dir, tensorboard=use_tb),
                           checkpointer=Checkpointer(run_dir / "checkpoints"), pad_token_id=0,
-                          closers=[proxy.close, *closers])
+                          closers=[proxy.close, *closers], engine_stats=lambda: collect_engine_stats(workers))
     pipeline = Pipeline(config, parts)
     pipeline_ref.append(pipeline)
     return pipeline

@@ -72,6 +72,13 @@ class RolloutActor(Worker):
         """Forwarded to InferenceWorker.load_weights."""
         await self._worker.load_weights(dict(weights), version)
 
+    async def engine_stats(self) -> dict[str, float]:
+        """The engine's cumulative counters (TorchEngine.stats) as a plain dict."""
+        import dataclasses
+
+        engine = self._worker.engine
+        return dataclasses.asdict(engine.stats()) if engine is not None and hasattr(engine, "stats") else {}
+
     async def restart(self) -> None:
         """Forwarded to InferenceWorker.restart."""
         await self._worker.restart()
@@ -126,6 +133,10 @@ class RayWorkerHandle:
     async def load_weights(self, weights: Mapping[str, Any], version: int) -> None:
         """Ship the tensors to the actor (Ray's object store) and load them as `version`."""
         await self._call("load_weights", {k: v.contiguous() for k, v in weights.items()}, version)
+
+    async def engine_stats(self) -> dict[str, float]:
+        """The engine's cumulative counters, for metrics.jsonl."""
+        return await self._call("engine_stats")
 
     async def restart(self) -> None:
         """Restart the engine inside the actor."""
