@@ -1,4 +1,4 @@
-"""TorchEngine batched prefill and prefix cache (design D18, D19) against the engine with both off.
+"""TorchEngine batched prefill and prefix cache (design D27, D28) against the engine with both off.
 
 Two multi-turn workloads, driven straight into one engine (no worker, no proxy: this measures the
 engine), greedy so every variant must produce the same tokens (checked: a run whose outputs differ

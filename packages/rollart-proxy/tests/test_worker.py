@@ -156,7 +156,7 @@ def test_command_waits_have_a_deadline():
 
 
 class _StalledEngine(TorchEngine):
-    """A real TorchEngine whose ``has_work`` over-approximates (as any engine's may, D17): it says
+    """A real TorchEngine whose ``has_work`` over-approximates (as any engine's may, D26): it says
     yes while its only request waits for a weight update, and counts the steps the loop asks for."""
 
     def __init__(self, *args, **kwargs):

@@ -1,6 +1,6 @@
 """PrefixKVCache: the KV of contexts an engine finished, reused by the next request that extends them.
 
-Why token-keyed with a longest-common-prefix lookup (design D19): the next turn of a multi-turn
+Why token-keyed with a longest-common-prefix lookup (design D28): the next turn of a multi-turn
 trajectory is its previous context plus the environment's answer, and requests of one task share
 their instructions; with causal attention the KV of the first m tokens depends only on those m
 tokens, so any common prefix of an entry can be sliced out and reused exactly. Entries are kept in
@@ -54,7 +54,7 @@ class _Node:
 
 
 class PrefixKVCache:
-    """Per-layer KV of finished contexts keyed by their token ids, LRU in token units (D19)."""
+    """Per-layer KV of finished contexts keyed by their token ids, LRU in token units (D28)."""
 
     def __init__(self) -> None:
         """An empty cache; the engine passes its free capacity to every call that may grow it."""

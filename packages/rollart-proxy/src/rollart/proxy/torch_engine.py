@@ -5,7 +5,7 @@ one batched forward over a left-padded batched cache with an attention mask and 
 ids. The batched cache persists between steps: a finished request's row is dropped, a newly
 prefilled request's cache is padded and appended, so no step re-pads the whole batch.
 
-Prefill (design D18, D19): the admitted requests of a step run in one forward (padding plus an
+Prefill (design D27, D28): the admitted requests of a step run in one forward (padding plus an
 attention mask and explicit position ids), and a request whose context starts with tokens whose KV
 the engine kept from a finished request (the previous turn of its trajectory, a shared
 instruction) reuses that KV and computes only the new tokens. Both are constructor flags; with both
@@ -59,7 +59,7 @@ class _Sequence:
 
     @property
     def kv_reserved(self) -> int:
-        """KV this request holds from admission to its end: prompt + max_tokens (D16). Generated
+        """KV this request holds from admission to its end: prompt + max_tokens (D25). Generated
         tokens are inside that budget, so it neither grows while decoding nor when resumed."""
         return len(self.request.prompt_ids) + self.request.params.max_tokens
 
@@ -116,7 +116,7 @@ class TorchEngine:
         prefix_cache: bool = True,
     ) -> None:
         """Wrap a loaded model; ``offload_to_thread`` runs forwards off the event loop thread;
-        ``batched_prefill`` and ``prefix_cache`` switch D18 and D19 (off = the step-11 engine)."""
+        ``batched_prefill`` and ``prefix_cache`` switch D27 and D28 (off = the step-11 engine)."""
         # VAL: VAL_INT_RANGE(max_num_seqs, min=1, max=4096, exc=ProxyError)
         # >>> generated VAL_INT_RANGE #e8da9fab12 (edit the annotation, not this block)
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or not (1 <= max_num_seqs <= 4096):
@@ -230,8 +230,8 @@ class TorchEngine:
         return bool(self._waiting or self._running)
 
     def load(self) -> EngineLoad:
-        """Occupancy for routing: prompt + max tokens of every admitted request (D16) plus the
-        prefix cache's tokens (D19: evictable, but resident until evicted)."""
+        """Occupancy for routing: prompt + max tokens of every admitted request (D25) plus the
+        prefix cache's tokens (D28: evictable, but resident until evicted)."""
         reserved = self._reserved()
         in_flight = reserved + sum(s.kv_reserved for s in self._waiting)
         cached = self._cache.tokens if self._cache is not None else 0
@@ -243,7 +243,7 @@ class TorchEngine:
         )
 
     def stats(self) -> TorchEngineStats:
-        """Cumulative counters (D20): prefill/decode time, computed vs reused prompt tokens, cache hits."""
+        """Cumulative counters (D29): prefill/decode time, computed vs reused prompt tokens, cache hits."""
         cache = self._cache
         return TorchEngineStats(**self._counts, **self._seconds, cached_tokens=cache.tokens if cache is not None else 0,
                                 evicted_tokens=cache.evicted_tokens if cache is not None else 0)
@@ -267,7 +267,7 @@ class TorchEngine:
         return work()
 
     def _timed(self, key: str, work) -> list[EngineOutput]:  # noqa: ANN001
-        start = time.perf_counter()  # a measurement of CPU work for stats, never control (D20)
+        start = time.perf_counter()  # a measurement of CPU work for stats, never control (D29)
         try:
             return work()
         finally:
@@ -307,7 +307,7 @@ class TorchEngine:
         return finished
 
     def _prefill_forward(self, seqs: list[_Sequence]) -> torch.Tensor:
-        """One forward over the new tokens of ``seqs`` (D18); sets each ``seq.cache`` to its contiguous
+        """One forward over the new tokens of ``seqs`` (D27); sets each ``seq.cache`` to its contiguous
         KV and returns the last position's logits per row."""
         from transformers import DynamicCache
 
@@ -365,7 +365,7 @@ class TorchEngine:
         return layers
 
     def _remember(self, seq: _Sequence, kv: KV | None) -> None:
-        """Keep a finished request's KV (its context but the last, never fed, token) for later turns (D19)."""
+        """Keep a finished request's KV (its context but the last, never fed, token) for later turns (D28)."""
         if self._cache is None or kv is None:
             return
         length = kv[0][0].shape[2]
@@ -525,6 +525,6 @@ class TorchEngine:
         self._running.clear()
         self._batch, self._batch_lens, self._batch_keys, self._batch_values = [], [], [], []
         if self._cache is not None:
-            self._cache.clear()  # KV of the old weights must not feed the new version's tokens (D19)
+            self._cache.clear()  # KV of the old weights must not feed the new version's tokens (D28)
         if reoffload:
             await self.offload()

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import torch
 
 OutputCallback = Callable[[EngineOutput], None]
-#: How long an idle loop (a step made no progress) waits for a command before stepping again (D17).
+#: How long an idle loop (a step made no progress) waits for a command before stepping again (D26).
 IDLE_WAIT_S = 0.05
 
 
@@ -265,7 +265,7 @@ class InferenceWorker:
                 for output in outputs:
                     self._deliver(output)
                 if not outputs and engine.load().running == 0:
-                    await self._idle_wait()  # the step made no progress: wait, do not spin (D17)
+                    await self._idle_wait()  # the step made no progress: wait, do not spin (D26)
                 else:
                     await asyncio.sleep(0)  # let other workers and the proxy run between steps
             else:

@@ -176,7 +176,7 @@ class Pipeline:
         }
         for task, rs in sorted(by_task.items()):
             rec[f"reward_{task}"] = sum(rs) / len(rs)
-        if p.engine_stats is not None:  # prefix-cache hit rate, reused tokens, prefill share (rollart-proxy D20)
+        if p.engine_stats is not None:  # prefix-cache hit rate, reused tokens, prefill share (rollart-proxy D29)
             now = await p.engine_stats()
             rec.update(engine_metrics(self._engine_stats, now))
             self._engine_stats = now
