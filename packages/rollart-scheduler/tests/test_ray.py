@@ -30,6 +30,8 @@ async def test_ray_workers_two_iterations(ray_cluster, tmp_path):
     finally:
         await pipe.close()
     assert [r["version"] for r in recs] == [1, 2]
+    # the engines' prefix-cache counters come back from inside the actors
+    assert all(r["prefix_reused_tokens"] > 0 and 0.0 < r["prefix_hit_rate"] <= 1.0 for r in recs)
     assert all(r["lent_devices"] == 1 for r in recs)
     # after every train step the lent device is back in the rollout role in the ledger
     assert sorted(roles.values()) == ["rollout", "rollout", "train"]

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     import torch
 
 OutputCallback = Callable[[EngineOutput], None]
+#: How long an idle loop (a step made no progress) waits for a command before stepping again (D26).
+IDLE_WAIT_S = 0.05
 
 
 class CommandKind(str, enum.Enum):
@@ -273,9 +275,20 @@ class InferenceWorker:
                 self._steps += 1
                 for output in outputs:
                     self._deliver(output)
-                await asyncio.sleep(0)  # let other workers and the proxy run between steps
+                if not outputs and engine.load().running == 0:
+                    await self._idle_wait()  # the step made no progress: wait, do not spin (D26)
+                else:
+                    await asyncio.sleep(0)  # let other workers and the proxy run between steps
             else:
                 await self._handle(await self._queue.get())
+
+    async def _idle_wait(self) -> None:
+        """Wait for the next command, at most IDLE_WAIT_S (an engine may progress on its own)."""
+        try:
+            cmd = await asyncio.wait_for(self._queue.get(), IDLE_WAIT_S)
+        except TimeoutError:
+            return
+        await self._handle(cmd)
 
     def _deliver(self, output: EngineOutput) -> None:
         pending = self._pending.pop(output.request_id, None)
