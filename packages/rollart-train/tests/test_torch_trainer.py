@@ -165,6 +165,18 @@ def test_named_tensors_export_tied_weights_once():
     assert "lm_head.weight" not in exported and "model.embed_tokens.weight" in exported
 
 
+def test_named_tensors_copies_unless_told_not_to():
+    """copy=False hands out views of the live weights (a channel's pack snapshots them); the default copies."""
+    model = build_causal_lm(tiny_llama_config(vocab_size=64))
+    trainer = TorchTrainer(model)
+    live = dict(model.named_parameters())
+    copies, views = trainer.named_tensors(), trainer.named_tensors(copy=False)
+    assert set(copies) == set(views)
+    for name, view in views.items():
+        assert view.data_ptr() == live[name].data_ptr() and not view.requires_grad
+        assert copies[name].data_ptr() != live[name].data_ptr() and torch.equal(copies[name], view)
+
+
 def test_trainer_config_rejects_bad_values():
     with pytest.raises(TrainError, match="micro_batch_size must be an integer in"):
         TrainerConfig(micro_batch_size=0)

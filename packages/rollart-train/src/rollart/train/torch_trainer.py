@@ -271,10 +271,12 @@ class TorchTrainer:
         out["sequences"] = float(counts[1])
         return out
 
-    def named_tensors(self) -> dict[str, torch.Tensor]:
-        """Detached copies of the weights under HF state_dict names.
+    def named_tensors(self, copy: bool = True) -> dict[str, torch.Tensor]:
+        """Detached copies of the weights under HF state_dict names (views of the live weights with `copy=False`).
 
-        Copies, because a publisher may still serialize them while the next step runs. A tensor
+        Copies, because a publisher may still serialize them while the next step runs; a caller that
+        snapshots them itself before the next step (a weight channel's pack does) passes
+        `copy=False` and saves a copy into fresh memory per update (scheduler D40). A tensor
         shared under two names (tied embeddings: `lm_head.weight` aliases
         `model.embed_tokens.weight`) is exported once, under its first name, so the key set
         equals `named_parameters()` plus persistent buffers, the names an engine loads by.
@@ -285,7 +287,7 @@ class TorchTrainer:
             if tensor.data_ptr() in seen and tensor.numel() > 0:
                 continue
             seen.add(tensor.data_ptr())
-            out[name] = tensor.detach().clone()
+            out[name] = tensor.detach().clone() if copy else tensor.detach()
         return out
 
     def save_checkpoint(self, path: str | Path) -> None:
