@@ -8,7 +8,7 @@ steps and never stalls the running batch (paper section 5.3).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from rollart.proxy.types import EngineLoad, EngineOutput, EngineRequest
 
@@ -56,8 +56,3 @@ class Engine(Protocol):
     async def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         """Load new weights by name and serve them as ``version`` (never lower than the current)."""
         ...
-
-
-def describe_engine(engine: Any) -> str:
-    """A short name for logs and errors."""
-    return type(engine).__name__

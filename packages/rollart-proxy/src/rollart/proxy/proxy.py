@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     import torch
 
 ACTIVE, DRAINING, OFFLOADED, REMOVED = "active", "draining", "offloaded", "removed"
-SLOT_STATES = (ACTIVE, DRAINING, OFFLOADED, REMOVED)
 EventHook = Callable[[str, dict[str, Any]], None]
 
 
