@@ -74,7 +74,7 @@ def test_layering_contract_holds():
 @pytest.mark.slow
 def test_each_package_installs_alone_into_an_empty_venv():
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_install_alone.py")],
-                         capture_output=True, text=True, cwd=ROOT, timeout=1200)
+                         capture_output=True, text=True, cwd=ROOT, timeout=3600)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
     assert res.stdout.count(" ok ") == len(PACKAGES) + 1, res.stdout  # + the wheelhouse route
 
