@@ -117,7 +117,10 @@ class VLLMEngine:
         if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or not (2 <= max_model_len <= 1 << 22):
             raise ProxyError(f"max_model_len must be an integer in [{ 2 }, { 1 << 22 }], got {max_model_len!r}")
         # <<< generated
-        from vllm import EngineArgs, LLMEngine
+        try:
+            from vllm import EngineArgs, LLMEngine
+        except ImportError as err:  # the optional extra is missing: say which one
+            raise ImportError("VLLMEngine needs vLLM: pip install 'rollart-proxy[vllm]'") from err
         from vllm.platforms import current_platform
         from vllm.v1.executor import Executor
 

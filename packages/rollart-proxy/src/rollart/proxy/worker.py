@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rollart.proxy.engine import Engine
@@ -84,7 +84,6 @@ class WorkerStats:
 class _Pending:
     request: EngineRequest
     callback: OutputCallback
-    extra: dict = field(default_factory=dict)
 
 
 class InferenceWorker:

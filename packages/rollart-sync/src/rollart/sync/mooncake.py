@@ -83,7 +83,8 @@ def mooncake_unavailable_reason() -> str | None:
     try:
         from mooncake.store import MooncakeDistributedStore  # noqa: F401
     except Exception as exc:  # ImportError, or an OSError from a missing shared library (libibverbs)
-        return f"mooncake.store does not import: {exc!r}"
+        return (f"mooncake.store does not import: {exc!r}; install the extra with "
+                "pip install 'rollart-sync[mooncake]' (it needs libibverbs1 on Debian)")
     return None
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -27,6 +26,7 @@ import torch
 from rollart.resource.hardware import HardwareSpec
 from rollart.train.batch import TrainBatch
 from rollart.train.errors import TrainError
+from rollart.train.state_io import write_json_atomic
 
 
 @dataclass(frozen=True)
@@ -168,15 +168,20 @@ class SimTrainer:
         return {"sim.version": torch.tensor([self._version], dtype=torch.int64)}
 
     def save_checkpoint(self, path: str | Path) -> None:
-        """Write the version (JSON) atomically."""
+        """Write the directory `path` with `trainer.json` (the version; there are no weights) atomically."""
         path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({"kind": "sim", "version": self._version, "n_params": self.n_params}))
-        os.replace(tmp, path)
+        path.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path / "trainer.json", {"kind": "sim", "version": self._version, "n_params": self.n_params})
 
     def load_checkpoint(self, path: str | Path) -> None:
-        """Restore the version."""
-        state = json.loads(Path(path).read_text())
+        """Restore the version from `path/trainer.json` (plain JSON, nothing to unpickle)."""
+        meta_file = Path(path) / "trainer.json"
+        # AST: AST_PRECONDITION(meta_file.is_file(), got=str(path), msg="a checkpoint directory written by save_checkpoint (with trainer.json)", exc=TrainError)
+        # >>> generated AST_PRECONDITION #a907aa844a (edit the annotation, not this block)
+        if not (meta_file.is_file()):
+            raise TrainError(f"Pre-condition: a checkpoint directory written by save_checkpoint (with trainer.json), got {str(path)!r}")
+        # <<< generated
+        state = json.loads(meta_file.read_text())
         # AST: AST_PRECONDITION(state.get("kind") == "sim", got=state.get("kind"), msg="a SimTrainer checkpoint", exc=TrainError)
         # >>> generated AST_PRECONDITION #d462e02081 (edit the annotation, not this block)
         if not (state.get('kind') == 'sim'):

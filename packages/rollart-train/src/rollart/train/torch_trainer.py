@@ -9,8 +9,9 @@ overrides only the forward and the weight export.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
-import os
+import shutil
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +22,9 @@ import torch
 from rollart.train.batch import TrainBatch
 from rollart.train.errors import TrainError
 from rollart.train.losses import LossConfig, policy_loss, token_log_probs
+from rollart.train.state_io import load_state, save_state, write_json_atomic
 
-CHECKPOINT_FORMATS = (1,)
+CHECKPOINT_FORMATS = (2,)  # 2: safetensors + JSON directory (D19); 1 was a torch.save pickle
 
 
 @dataclass(frozen=True)
@@ -291,32 +293,41 @@ class TorchTrainer:
         return out
 
     def save_checkpoint(self, path: str | Path) -> None:
-        """Atomically write model, optimizer state, version and config.
+        """Write the directory `path`: model and optimizer tensors as safetensors, the rest as JSON (D19).
 
-        Written to a temporary file and renamed, so a crash mid-save keeps the old checkpoint.
+        Written into `path.tmp` and swapped in by renames, so a crash mid-save keeps the old checkpoint.
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        state = {
-            "format": CHECKPOINT_FORMATS[-1],
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "version": self._version,
-            "config": dataclasses.asdict(self.config),
-        }
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, path)
+        tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        save_state(self.model.state_dict(), tmp, "model")
+        save_state(self.optimizer.state_dict(), tmp, "optimizer")
+        write_json_atomic(tmp / "trainer.json", {"format": CHECKPOINT_FORMATS[-1], "kind": "torch",
+                                                 "version": self._version, "config": dataclasses.asdict(self.config)})
+        shutil.rmtree(old, ignore_errors=True)
+        if path.exists():
+            path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
 
     def load_checkpoint(self, path: str | Path) -> None:
-        """Restore weights, optimizer state and version written by save_checkpoint."""
-        state = torch.load(Path(path), map_location="cpu", weights_only=True)
+        """Restore weights, optimizer state and version written by save_checkpoint; never unpickles."""
+        path = Path(path)
+        meta_file = path / "trainer.json"
+        # AST: AST_PRECONDITION(meta_file.is_file(), got=str(path), msg="a checkpoint directory written by save_checkpoint (with trainer.json)", exc=TrainError)
+        # >>> generated AST_PRECONDITION #a907aa844a (edit the annotation, not this block)
+        if not (meta_file.is_file()):
+            raise TrainError(f"Pre-condition: a checkpoint directory written by save_checkpoint (with trainer.json), got {str(path)!r}")
+        # <<< generated
+        state = json.loads(meta_file.read_text())
         checkpoint_format = state.get("format")
         # VAL: VAL_ONE_OF(checkpoint_format, choices=CHECKPOINT_FORMATS, exc=TrainError)
         # >>> generated VAL_ONE_OF #def4b9d983 (edit the annotation, not this block)
         if checkpoint_format not in CHECKPOINT_FORMATS:
             raise TrainError(f"checkpoint_format must be one of {sorted(CHECKPOINT_FORMATS, key=repr)!r}, got {checkpoint_format!r}")
         # <<< generated
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.model.load_state_dict(load_state(path, "model"))
+        self.optimizer.load_state_dict(load_state(path, "optimizer"))
         self._version = int(state["version"])
