@@ -73,6 +73,7 @@ def test_layering_contract_holds():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_each_package_installs_alone_into_an_empty_venv():
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_install_alone.py")],
                          capture_output=True, text=True, cwd=ROOT, timeout=3600)
