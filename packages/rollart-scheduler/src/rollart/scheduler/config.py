@@ -69,8 +69,9 @@ class TimeSharingSection(_Strict):
 
 
 ENGINES = ("torch", "vllm", "sim")
-TRAINER_BACKENDS = ("torch", "megatron")
-CHANNELS = ("local", "torch_dist", "mooncake")
+TRAINER_BACKENDS = ("torch", "megatron", "sim")
+CHANNELS = ("local", "torch_dist", "mooncake", "sim")
+SIM_MODELS = ("Qwen3-8B", "Qwen3-32B")
 DTYPES = ("float32", "bfloat16", "float16")
 PROMPT_STYLES = ("auto", "demo", "chat_template")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -122,6 +123,7 @@ class ModelSection(_Strict):
     num_heads: int = Field(4, ge=1)
     intermediate_size: int = Field(128, ge=8)
     max_positions: int = Field(128, ge=16)
+    sim_model: Literal["Qwen3-8B", "Qwen3-32B"] | None = None  # a simulated model's shape (design D22)
 
     @model_validator(mode="after")
     def _checkpoint(self) -> ModelSection:
@@ -177,7 +179,7 @@ class RoutingSection(_Strict):
 class SyncSection(_Strict):
     """How weights go from the trainer to the rollout workers (design D17)."""
 
-    channel: Literal["local", "torch_dist", "mooncake"] = "local"
+    channel: Literal["local", "torch_dist", "mooncake", "sim"] = "local"
     bucket_mb: float = Field(64.0, gt=0, le=16384)
     keep_last: int = Field(2, ge=1)
 
@@ -190,7 +192,7 @@ class TrainerSection(_Strict):
     rollout), gradients all-reduced over torch.distributed (gloo on CPU, NCCL on GPUs).
     """
 
-    backend: Literal["torch", "megatron"] = "torch"
+    backend: Literal["torch", "megatron", "sim"] = "torch"
     placement: Literal["driver", "actors"] = "driver"
     devices: int = Field(1, ge=1)
     hardware: str = "H800"
@@ -231,6 +233,8 @@ class TaskSection(_Strict):
     max_turns: int = Field(8, ge=1)
     max_tokens: int = Field(2, ge=1)
     temperature: float = Field(1.0, gt=0)
+    max_total_tokens: int = Field(4096, ge=1)
+    max_context_tokens: int = Field(8192, ge=1)
 
     @property
     def name(self) -> str:
@@ -290,7 +294,8 @@ def check_composition(config: RunConfig) -> None:
                              "and there is no 'default'")
     if config.trainer.placement == "actors" and not config.cluster.uses_ray:
         raise ValueError("trainer.placement: 'actors' needs a Ray cluster; set cluster.ray to 'local' or an address")
-    if config.sync.channel != "local" and config.trainer.placement != "actors":
+    check_simulation(config)
+    if config.sync.channel not in ("local", "sim") and config.trainer.placement != "actors":
         raise ValueError(f"sync.channel: {config.sync.channel!r} moves weights from trainer actors; "
                          "set trainer.placement: actors, or use sync.channel: local")
     if config.trainer.placement == "actors" and config.sync.channel != "local":
@@ -307,6 +312,26 @@ def check_composition(config: RunConfig) -> None:
             if n > have:
                 raise ValueError(f"cluster.devices.{hw}: the pools and the trainer need {n} {hw} devices, "
                                  f"the cluster has {have}")
+
+
+def check_simulation(config: RunConfig) -> None:
+    """Simulated parts go together (design D22): a sim trainer or channel moves a version token, not
+    weights, so every pool must be a SimEngine; a simulated model shape has no weights to load."""
+    sim_trainer = config.trainer.backend == "sim"
+    sim_sync = config.sync.channel == "sim"
+    if sim_trainer and config.trainer.placement != "driver":
+        raise ValueError("trainer.placement: backend 'sim' is a cost model in the driver; use placement: driver")
+    if sim_sync and not sim_trainer:
+        raise ValueError("sync.channel: 'sim' moves a version token; it needs trainer.backend: sim")
+    if sim_trainer and config.model.path is not None:
+        raise ValueError("model.path: a simulated trainer loads no checkpoint; use model.sim_model for the shape")
+    if config.model.sim_model is not None and not sim_trainer:
+        raise ValueError(f"model.sim_model: {config.model.sim_model!r} has no weights; it needs trainer.backend: sim")
+    if sim_trainer or sim_sync:
+        for i, pool in enumerate(config.rollout.pools):
+            if pool.engine != "sim":
+                raise ValueError(f"rollout.pools.{i}.engine: {pool.engine!r} needs real weights; with trainer.backend: sim "
+                                 "every pool uses engine: sim")
 
 
 def required_devices(config: RunConfig) -> dict[str, int]:
