@@ -344,8 +344,8 @@ def required_devices(config: RunConfig) -> dict[str, int]:
     return need
 
 
-def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    model: Any = RunConfig
+def _model_at(loc: tuple[Any, ...], root: type[BaseModel] | None = None) -> type[BaseModel] | None:
+    model: Any = root or RunConfig
     for part in loc:
         if isinstance(part, int):
             continue
@@ -360,8 +360,8 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     return model
 
 
-def format_validation_error(err: ValidationError) -> str:
-    """One line per problem: dotted field path, message, offending value, allowed values."""
+def format_validation_error(err: ValidationError, root: type[BaseModel] | None = None) -> str:
+    """One line per problem: dotted field path, message, offending value, allowed values (fields of `root`)."""
     lines = []
     for e in err.errors():
         loc = tuple(e.get("loc", ()))
@@ -374,7 +374,7 @@ def format_validation_error(err: ValidationError) -> str:
             text = msg.removeprefix("Value error, ")
             line = text if not loc or text.startswith(".".join(str(p) for p in loc)) else f"{path}: {text}"
         elif e.get("type") == "extra_forbidden":
-            parent = _model_at(loc[:-1])
+            parent = _model_at(loc[:-1], root)
             if parent is not None:
                 line += f"; allowed fields: {sorted(parent.model_fields)}"
         elif e.get("type") == "literal_error":
