@@ -225,12 +225,15 @@ def build_envs(config: RunConfig, parts: list[TaskParts], proxy: LLMProxy, sinks
     for i, index in enumerate(slot_tasks(config)):
         task: TaskSection = config.tasks[index]
         tp = parts[index]
+        llm_timeout = task.llm_timeout_s or pcfg.get_batch_timeout_s
         ecfg = EnvManagerConfig(max_turns=task.max_turns, max_tokens_per_turn=task.max_tokens,
                                 max_total_tokens=task.max_total_tokens, max_context_tokens=task.max_context_tokens,
                                 sampling=SamplingParams(temperature=task.temperature),
-                                llm_policy=RetryPolicy(timeout_s=pcfg.get_batch_timeout_s), seed=config.run.seed + i)
+                                reset_policy=RetryPolicy(timeout_s=task.env_timeout_s),
+                                step_policy=RetryPolicy(timeout_s=task.env_timeout_s),
+                                llm_policy=RetryPolicy(timeout_s=llm_timeout), seed=config.run.seed + i)
         wrap = tp.llm_wrapper or (lambda client: client)
-        slots.append([EnvManager(tp.env_factory, wrap(ProxyLLMClient(proxy, timeout_s=pcfg.get_batch_timeout_s,
+        slots.append([EnvManager(tp.env_factory, wrap(ProxyLLMClient(proxy, timeout_s=llm_timeout,
                                                      on_response=routing_log.record if routing_log else None)),
                                  with_system_prompt(tp.prompts_factory(), task.system_prompt), sinks[index], ecfg,
                                  name=f"{keys[index]}-{i}-{j}", tag=task.tag)
@@ -305,7 +308,8 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
              for t, tp in zip(config.tasks, parts)]
     routing_log = RoutingLog({w.worker_id: w.hardware for w in workers})
     slots, names = build_envs(config, parts, proxy, sinks, routing_log)
-    rollout = RolloutScheduler(slots, names, buffer, proxy, carry_over=pcfg.mode != "one_off", seed=config.run.seed)
+    rollout = RolloutScheduler(slots, names, buffer, proxy, carry_over=pcfg.mode != "one_off", seed=config.run.seed,
+                               lockstep=pcfg.env_interaction == "batch")
     rollout_devices = [d for w in workers for d in w.devices]
     train_devices = list(placement.trainer)
     loop = asyncio.get_running_loop()

@@ -43,6 +43,7 @@ class PipelineSection(_Strict):
     group_size: int = Field(8, ge=1)
     redundancy: float = Field(1.5, ge=1.0, le=8.0)
     balance_tasks: bool = True
+    env_interaction: Literal["trajectory", "batch"] = "trajectory"  # batch: the lockstep baseline (D24)
     get_batch_timeout_s: float = Field(600.0, gt=0)
     update_timeout_s: float = Field(60.0, gt=0)
 
@@ -235,6 +236,8 @@ class TaskSection(_Strict):
     temperature: float = Field(1.0, gt=0)
     max_total_tokens: int = Field(4096, ge=1)
     max_context_tokens: int = Field(8192, ge=1)
+    env_timeout_s: float = Field(30.0, gt=0)  # one env reset/step; past it the trajectory fails (env_timeout)
+    llm_timeout_s: float | None = Field(None, gt=0)  # one generate call; default pipeline.get_batch_timeout_s
 
     @property
     def name(self) -> str:

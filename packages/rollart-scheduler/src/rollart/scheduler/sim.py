@@ -9,6 +9,7 @@ runs `Pipeline.run` on rollart-resource's VirtualTimeLoop (`run_virtual`), where
 
 What a run reports (`RunResult`), over the iterations after `warmup`:
     iteration_s      mean step time (get_batch -> train -> sync -> resume)
+    rollout_s        mean time waiting for the batch (get_batch)
     tokens_per_s     response tokens generated (kept or not) per second of the window
     util_rollout     SimEngine busy time (prefill + decode) / (rollout devices x window)
     util_train       train step time x trainer devices (lent included) / (trainer devices x window)
@@ -43,6 +44,7 @@ class RunResult:
     virtual_s: float
     wall_s: float
     iteration_s: float
+    rollout_s: float
     tokens_per_s: float
     util_rollout: float
     util_train: float
@@ -56,6 +58,7 @@ class RunResult:
     train_devices: int
     staleness_max: int
     alpha: int
+    seen: int = 0  # trajectories the envs handed to the buffer (each is in exactly one bucket above)
     history: list[dict[str, Any]] = field(default_factory=list)
     timeline: list[dict[str, Any]] = field(default_factory=list)
 
@@ -118,7 +121,10 @@ async def simulate_run(config: RunConfig, name: str, warmup: int = 0,
             history = await pipe.run(config.run.iterations, on_iteration=step_done)
             t_end, busy_end, train_end = loop.time(), _engine_busy(pipe.parts.workers), train_busy[0]
             counts = account(pipe.parts.buffer.records())
+            seen = pipe.seen_trajectories
         finally:
+            pipe.parts.rollout.pause_launches()  # the run is over: end what is in flight before closing
+            await pipe.parts.rollout.abort_inflight("simulation ended")
             await pipe.close()
             timeline_path = Path(d) / "timeline.jsonl"
             timeline = [json.loads(x) for x in timeline_path.read_text().splitlines() if x.strip()] \
@@ -131,13 +137,14 @@ async def simulate_run(config: RunConfig, name: str, warmup: int = 0,
     return RunResult(
         name=name, iterations=len(history), virtual_s=t_end, wall_s=0.0,
         iteration_s=sum(r["step_time_s"] for r in window) / len(window),
+        rollout_s=sum(r["get_batch_s"] for r in window) / len(window),
         tokens_per_s=sum(r["tokens_per_s"] * r["step_time_s"] for r in window) / span,
         util_rollout=(busy_end - snapshots["busy"]) / (n_roll * span),
         util_train=(train_end - snapshots["train"]) / (n_train * span),
         switch_s=sum(r["switch_cost_s"] for r in window) / len(window),
         rollout_devices=n_roll, train_devices=n_train,
         staleness_max=max(r["staleness_max"] for r in history), alpha=config.pipeline.alpha,
-        history=history, timeline=timeline, **counts)
+        seen=seen, history=history, timeline=timeline, **counts)
 
 
 async def _cancel_leftovers() -> None:
@@ -169,7 +176,7 @@ def run_scenario(scenario: Scenario, on_iteration: Callable[[str, dict[str, Any]
     return out
 
 
-COLUMNS = [("iteration_s", "iter s", "{:.1f}"), ("tokens_per_s", "tok/s", "{:,.0f}"), ("util_rollout", "rollout util", "{:.0%}"),
+COLUMNS = [("iteration_s", "iter s", "{:.1f}"), ("rollout_s", "batch wait s", "{:.1f}"), ("tokens_per_s", "tok/s", "{:,.0f}"), ("util_rollout", "rollout util", "{:.0%}"),
            ("util_train", "train util", "{:.0%}"), ("collected", "collected", "{}"), ("aborted", "aborted", "{}"),
            ("failed", "failed", "{}"), ("timeouts", "timeouts", "{}"), ("switch_s", "switch s", "{:.2f}"),
            ("staleness_max", "max stale", "{}"), ("wall_s", "wall s", "{:.1f}")]

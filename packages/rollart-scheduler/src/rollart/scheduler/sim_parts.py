@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -151,20 +150,22 @@ class SyntheticPrompts:
 
 
 class SampledResponseLength:
-    """LLMClient wrapper (a simulation): each turn's max_tokens is capped at a length drawn per (trajectory, turn).
+    """LLMClient wrapper (a simulation): each turn's max_tokens is capped at a length drawn for that turn.
 
-    The draw is keyed by the trajectory id and the context length, so a turn retried or resumed after
-    a weight update asks for the same length.
+    Draws come from the running loop's seeded `rng` (rollart-resource's VirtualTimeLoop), else from
+    the wrapper's own generator, so a virtual-time run is deterministic for its seed (trajectory ids
+    are random uuids and cannot key the draw).
     """
 
     def __init__(self, inner: Any, lengths: Distribution, seed: int = 0) -> None:
         """`inner` is the real client (ProxyLLMClient over the LLMProxy)."""
-        self.inner, self.lengths, self.seed = inner, lengths, seed
+        self.inner, self.lengths = inner, lengths
+        self._rng = random.Random(seed)
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Draw the turn's length, cap `max_tokens`, call the real client."""
-        key = f"{self.seed}:{request.trajectory_id}:{len(request.prompt_ids)}".encode()
-        n = self.lengths.sample_int(random.Random(zlib.crc32(key)))
+        rng = getattr(asyncio.get_running_loop(), "rng", None) or self._rng
+        n = self.lengths.sample_int(rng)
         return await self.inner.generate(dataclasses.replace(request, max_tokens=min(request.max_tokens, n)))
 
 

@@ -74,7 +74,7 @@ class Workload(_Strict):
 
 
 class RunSpec(_Strict):
-    """One run of the comparison: a name and dotted overrides of the config (as `--set`)."""
+    """One run of the comparison: a name and dotted overrides of the config (as `--set`); `workload.*` keys override the workload."""
 
     name: str = Field(..., min_length=1)
     set: dict[str, Any] = Field(default_factory=dict)
@@ -110,10 +110,19 @@ class Scenario(_Strict):
         """
         from rollart.scheduler.config import parse_config
 
+        sets = {k: v for k, v in run.set.items() if not k.startswith("workload.")}
+        workload_sets = {k.removeprefix("workload."): v for k, v in run.set.items() if k.startswith("workload.")}
         try:
-            data = apply_overrides(self.config, [f"{k}={json.dumps(v)}" for k, v in run.set.items()])
+            data = apply_overrides(self.config, [f"{k}={json.dumps(v)}" for k, v in sets.items()])
+            workload = self.workload
+            if workload_sets:
+                raw = apply_overrides(self.workload.model_dump(exclude_none=True),
+                                      [f"{k}={json.dumps(v)}" for k, v in workload_sets.items()])
+                workload = Workload.model_validate(raw)
         except ConfigError as err:
             raise ConfigError(f"runs.{run.name}.set: {err}") from None
+        except ValidationError as err:
+            raise ConfigError(_prefix(format_validation_error(err, Workload), f"runs.{run.name}.set.workload.")) from None
         data.setdefault("run", {})
         data["run"] = {"tensorboard": False, "checkpoint_every": 1_000_000, **data["run"], "iterations": self.iterations,
                        "seed": self.seed}
@@ -121,7 +130,7 @@ class Scenario(_Strict):
             if isinstance(task, dict) and task.get("env") == "synthetic":
                 own = task.get("env_args")
                 try:
-                    task["env_args"] = (Workload.model_validate(own) if own else self.workload).env_args()
+                    task["env_args"] = (Workload.model_validate(own) if own else workload).env_args()
                 except ValidationError as err:
                     raise ConfigError(_prefix(format_validation_error(err, Workload), f"config.tasks.{i}.env_args.")) from None
         try:
