@@ -162,3 +162,16 @@ def test_rollart_sim_cli_prints_json_and_writes_the_timeline(tmp_path):
     bad.write_text("name: x\nruns: [{name: a}]\nconfig: {}\nbogus: 1\n")
     out = CliRunner().invoke(app, ["sim", str(bad)])
     assert out.exit_code == 2 and "bogus" in out.output
+
+
+def test_committed_scenarios_parse():
+    from pathlib import Path
+
+    from rollart.scheduler.sim_scenario import load_scenario
+
+    root = Path(__file__).resolve().parents[3] / "examples" / "scenarios"
+    names = sorted(p.stem for p in root.glob("*.yaml"))
+    assert len(names) >= 6
+    for name in names:
+        spec = load_scenario(root / f"{name}.yaml")
+        assert spec.paper and len(spec.runs) >= 2
