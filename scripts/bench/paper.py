@@ -49,7 +49,7 @@ def run(names: list[str]) -> dict:
         spec = load_scenario(ROOT / "examples" / "scenarios" / f"{name}.yaml")
         t0 = time.perf_counter()
 
-        def progress(run: str, rec: dict) -> None:
+        def progress(run: str, rec: dict, name: str = name, t0: float = t0) -> None:
             print(f"  {name}/{run}: iteration {rec['iteration']} at {rec['t_end']:.0f} virtual s "
                   f"({time.perf_counter() - t0:.0f} s wall)", file=sys.stderr, flush=True)
 
