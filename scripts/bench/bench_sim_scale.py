@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, action="append", default=[])
     parser.add_argument("--envs-per-gpu", type=float, default=10_000 / 3_000)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--write", type=str, default="", help="also write the table to this markdown file")
     args = parser.parse_args()
     sizes = args.gpus or [100, 300, 1000, 3000]
     rows: dict[int, list] = {g: [] for g in sizes}
@@ -65,14 +66,20 @@ def main() -> None:
             envs = int(round(gpus * args.envs_per_gpu))
             spec = parse_scenario(scenario(gpus, envs))
             rows[gpus].append((envs, run_one(spec, spec.runs[0])))
-    print("| GPUs | envs | wall s (median) | wall s (min-max) | virtual s | collected | aborted | failed | tok/s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    lines = ["| GPUs | envs | wall s (median) | wall s (min-max) | virtual s | collected | aborted | failed | tok/s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
     for gpus in sizes:
         envs = rows[gpus][0][0]
         walls = [r.wall_s for _, r in rows[gpus]]
         r = rows[gpus][-1][1]
-        print(f"| {gpus:,} | {envs:,} | {statistics.median(walls):.1f} | {min(walls):.1f}-{max(walls):.1f} | "
-              f"{r.virtual_s:.0f} | {r.collected:,} | {r.aborted:,} | {r.failed} | {r.tokens_per_s:,.0f} |", flush=True)
+        lines.append(f"| {gpus:,} | {envs:,} | {statistics.median(walls):.1f} | {min(walls):.1f}-{max(walls):.1f} | "
+                     f"{r.virtual_s:.0f} | {r.collected:,} | {r.aborted:,} | {r.failed} | {r.tokens_per_s:,.0f} |")
+        print(lines[-1], flush=True)
+    if args.write:
+        from pathlib import Path
+
+        Path(args.write).write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -112,6 +112,13 @@ def render(cache: dict, notes: dict[str, str]) -> str:
         if name in cache:
             out += [f"### `{name}` ({fig})", "", f"`rollart sim examples/scenarios/{name}.yaml`", "",
                     *runs_table(cache[name]["runs"]), ""]
+    scale = Path(__file__).with_name("sim_scale_table.md")
+    if scale.exists():
+        out += ["## Scale: one multi-turn iteration, 100 -> 3,000 GPUs", "",
+                "`python scripts/bench/bench_sim_scale.py --write scripts/bench/sim_scale_table.md` (one iteration of the whole "
+                "pipeline: build, every env plays a 3-turn episode, the batch is 80% of the envs, 10% of the GPUs train; "
+                "rollout GPUs half H800, half H20; ~3.3 envs per GPU, so 10,000 envs at 3,000 GPUs). Wall time includes "
+                "building the pipeline and closing it.", "", scale.read_text().rstrip(), ""]
     if TIMELINE.exists():
         out += ["## Device roles, time-sharing vs static split", "",
                 "![device roles over virtual time](img/timesharing_timeline.png)", ""]
