@@ -175,3 +175,9 @@ def test_committed_scenarios_parse():
     for name in names:
         spec = load_scenario(root / f"{name}.yaml")
         assert spec.paper and len(spec.runs) >= 2
+
+
+def test_sync_mode_starts_no_group_the_batch_boundary_would_abort():
+    spec = parse_scenario(scenario(iterations=3, pipeline={"mode": "sync", "alpha": 0, "redundancy": 1.0}))
+    r = run_one(spec, spec.runs[0])
+    assert r.collected == 24 and r.aborted == 0 and r.in_buffer == 0  # each slot ran exactly one group per iteration

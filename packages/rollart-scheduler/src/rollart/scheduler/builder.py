@@ -309,7 +309,7 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
     routing_log = RoutingLog({w.worker_id: w.hardware for w in workers})
     slots, names = build_envs(config, parts, proxy, sinks, routing_log)
     rollout = RolloutScheduler(slots, names, buffer, proxy, carry_over=pcfg.mode != "one_off", seed=config.run.seed,
-                               lockstep=pcfg.env_interaction == "batch")
+                               lockstep=pcfg.env_interaction == "batch", once_per_launch=pcfg.mode == "sync")
     rollout_devices = [d for w in workers for d in w.devices]
     train_devices = list(placement.trainer)
     loop = asyncio.get_running_loop()

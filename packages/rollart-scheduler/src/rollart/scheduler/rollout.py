@@ -48,6 +48,7 @@ class RolloutScheduler:
         seed: int = 0,
         seed_fn: Callable[[str, int], int] | None = None,
         lockstep: bool = False,
+        once_per_launch: bool = False,
     ) -> None:
         """`slots[i]` are the group_size managers of group slot i, running task `slot_tasks[i]`.
 
@@ -55,6 +56,9 @@ class RolloutScheduler:
         trajectory mixes weight versions. `lockstep=True` is the batch-level baseline (paper Fig. 5b,
         design D24): every slot starts together in waves and every turn of the wave waits for all
         generations and all environment steps of the wave (rollart-env's LockstepBarrier).
+        `once_per_launch=True` (sync mode) runs each slot's group once per `resume_launches`: a slot
+        that finishes early waits for the next iteration instead of starting work that the batch
+        boundary would abort.
         """
         if len(slots) != len(slot_tasks) or not slots:
             raise SchedulerError(f"slots and slot_tasks must be non-empty and of equal length, got {len(slots)} and {len(slot_tasks)}")
@@ -71,6 +75,8 @@ class RolloutScheduler:
         self.aborted_inflight = 0
         self.lockstep = lockstep
         self._stopping = False  # a slot whose managers all swallowed the stop (an abort raced it) exits here
+        self.once_per_launch = once_per_launch
+        self._launch = asyncio.Event()  # replaced (and the old one set) by every resume_launches
 
     def _managers_inflight(self) -> list[EnvManager]:
         return [m for slot in self.slots for m in slot if m.current is not None and not m.current.ended]
@@ -86,7 +92,10 @@ class RolloutScheduler:
         while not self._stopping:
             assert self._gate is not None
             await self._gate.wait()
+            launch = self._launch
             await self._run_group(index)
+            if self.once_per_launch:
+                await launch.wait()
 
     async def _wave_loop(self) -> None:
         """Batch-level interaction: all slots as one wave in lockstep; the next wave starts when it has ended."""
@@ -123,7 +132,9 @@ class RolloutScheduler:
             self._gate.clear()
 
     def resume_launches(self) -> None:
-        """Start groups again."""
+        """Start groups again (with `once_per_launch`, each slot one more group)."""
+        launch, self._launch = self._launch, asyncio.Event()
+        launch.set()
         if self._gate is not None:
             self._gate.set()
 
