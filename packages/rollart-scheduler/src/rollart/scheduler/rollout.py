@@ -108,11 +108,14 @@ class RolloutScheduler:
             barrier = LockstepBarrier(len(managers), timeout_s=1e9)
             for m in managers:
                 m.turn_barrier = barrier
+            launch = self._launch
             try:
                 await asyncio.gather(*(self._run_group(i) for i in range(len(self.slots))))
             finally:
                 for m in managers:
                     m.turn_barrier = None
+            if self.once_per_launch:
+                await launch.wait()
 
     async def start(self) -> None:
         """Launch ceil(groups_per_batch * redundancy) groups and keep that many in flight."""
