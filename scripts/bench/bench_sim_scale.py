@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import time
+from pathlib import Path
 
 from rollart.scheduler.sim import run_one
 from rollart.scheduler.sim_scenario import parse_scenario
@@ -61,25 +63,25 @@ def main() -> None:
     args = parser.parse_args()
     sizes = args.gpus or [100, 300, 1000, 3000]
     rows: dict[int, list] = {g: [] for g in sizes}
-    for _ in range(args.repeats):  # interleaved: every size once per repeat
+    lines = ["| GPUs | envs | wall s (median) | wall s (min-max) | CPU s of this process | virtual s | collected | aborted | "
+             "failed | tok/s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    for rep in range(args.repeats):  # interleaved: every size once per repeat
         for gpus in sizes:
             envs = int(round(gpus * args.envs_per_gpu))
             spec = parse_scenario(scenario(gpus, envs))
-            rows[gpus].append((envs, run_one(spec, spec.runs[0])))
-    lines = ["| GPUs | envs | wall s (median) | wall s (min-max) | virtual s | collected | aborted | failed | tok/s |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    print("\n".join(lines), flush=True)
-    for gpus in sizes:
-        envs = rows[gpus][0][0]
-        walls = [r.wall_s for _, r in rows[gpus]]
-        r = rows[gpus][-1][1]
-        lines.append(f"| {gpus:,} | {envs:,} | {statistics.median(walls):.1f} | {min(walls):.1f}-{max(walls):.1f} | "
-                     f"{r.virtual_s:.0f} | {r.collected:,} | {r.aborted:,} | {r.failed} | {r.tokens_per_s:,.0f} |")
-        print(lines[-1], flush=True)
-    if args.write:
-        from pathlib import Path
-
-        Path(args.write).write_text("\n".join(lines) + "\n")
+            cpu0 = time.process_time()  # CPU time: the machine may be shared; wall time is the headline
+            result = run_one(spec, spec.runs[0])
+            rows[gpus].append((envs, result, time.process_time() - cpu0))
+            if rep == args.repeats - 1:
+                walls = [r.wall_s for _, r, _ in rows[gpus]]
+                cpus = [c for _, _, c in rows[gpus]]
+                lines.append(f"| {gpus:,} | {envs:,} | {statistics.median(walls):.1f} | {min(walls):.1f}-{max(walls):.1f} | "
+                             f"{statistics.median(cpus):.1f} | {result.virtual_s:.0f} | {result.collected:,} | "
+                             f"{result.aborted:,} | {result.failed} | {result.tokens_per_s:,.0f} |")
+                print(lines[-1], flush=True)
+                if args.write:
+                    Path(args.write).write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
