@@ -198,7 +198,7 @@ class RolloutActor(Worker):
         """The engine's cumulative counters (TorchEngine.stats) as a plain dict; {} for engines without."""
         engine = self._worker.engine
         stats = getattr(engine, "stats", None) if engine is not None else None
-        return dataclasses.asdict(stats()) if stats is not None else {}
+        return dataclasses.asdict(stats()) if callable(stats) else {}
 
     async def probe(self) -> Any:
         """The worker's health answer (its stats), or WorkerFailedError when its loop or engine is gone."""

@@ -148,6 +148,13 @@ async def start_trainer(config: RunConfig, model: ModelSpec, placement: Placemen
     from rollart.scheduler.ray_workers import start_trainer_actors
 
     tc = config.trainer
+    if tc.backend == "sim":  # a cost model (design D22): n_params from the model shape, peak from the catalogue
+        from rollart.resource.hardware import BUILTIN_HARDWARE
+        from rollart.scheduler.sim_parts import ElasticSimTrainer
+
+        devices = len(placement.trainer) if config.pipeline.mode == "sync" else tc.devices
+        return LocalTrainer(ElasticSimTrainer(model.sim_spec().n_params, BUILTIN_HARDWARE[tc.hardware], devices,
+                                              lr=tc.lr))
     if tc.placement == "driver":
         from rollart.scheduler.actors import release_megatron_parallel_state
 
@@ -219,11 +226,16 @@ def build_envs(config: RunConfig, parts: list[TaskParts], proxy: LLMProxy, sinks
     for i, index in enumerate(slot_tasks(config)):
         task: TaskSection = config.tasks[index]
         tp = parts[index]
+        llm_timeout = task.llm_timeout_s or pcfg.get_batch_timeout_s
         ecfg = EnvManagerConfig(max_turns=task.max_turns, max_tokens_per_turn=task.max_tokens,
+                                max_total_tokens=task.max_total_tokens, max_context_tokens=task.max_context_tokens,
                                 sampling=SamplingParams(temperature=task.temperature),
-                                llm_policy=RetryPolicy(timeout_s=pcfg.get_batch_timeout_s), seed=config.run.seed + i)
-        slots.append([EnvManager(tp.env_factory, ProxyLLMClient(proxy, timeout_s=pcfg.get_batch_timeout_s,
-                                                on_response=routing_log.record if routing_log else None),
+                                reset_policy=RetryPolicy(timeout_s=task.env_timeout_s),
+                                step_policy=RetryPolicy(timeout_s=task.env_timeout_s),
+                                llm_policy=RetryPolicy(timeout_s=llm_timeout), seed=config.run.seed + i)
+        wrap = tp.llm_wrapper or (lambda client: client)
+        slots.append([EnvManager(tp.env_factory, wrap(ProxyLLMClient(proxy, timeout_s=llm_timeout,
+                                                     on_response=routing_log.record if routing_log else None)),
                                  with_system_prompt(tp.prompts_factory(), task.system_prompt), sinks[index], ecfg,
                                  name=f"{keys[index]}-{i}-{j}", tag=task.tag)
                       for j in range(pcfg.group_size)])
@@ -239,7 +251,7 @@ async def collect_engine_stats(workers: list[Any]) -> dict[str, float]:
     for w in workers:
         if isinstance(w, InferenceWorker):
             stats = getattr(w.engine, "stats", None)
-            snap = dataclasses.asdict(stats()) if stats is not None else {}
+            snap = dataclasses.asdict(stats()) if callable(stats) else {}  # SimEngine's `stats` is a plain dict
         else:
             snap = await w.engine_stats() if hasattr(w, "engine_stats") else {}
         for key, value in snap.items():
@@ -286,6 +298,15 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
     if config.sync.channel == "local":
         updater: Any = LocalUpdater(ModelUpdateGroup(LocalChannel(), [ProxyWeightLoader(proxy)],
                                                      timeout=config.pipeline.update_timeout_s))
+    elif config.sync.channel == "sim":  # bytes / the trainer NIC + per-bucket latency (design D22)
+        from rollart.resource.hardware import BUILTIN_HARDWARE
+        from rollart.sync.sim import SimChannel
+
+        weight_bytes = trainer.inner.weight_bytes
+        channel = SimChannel(weight_bytes, BUILTIN_HARDWARE[config.trainer.hardware].network_gbps,
+                             bucket_bytes=int(config.sync.bucket_mb * (1 << 20)), keep_last=config.sync.keep_last)
+        updater = LocalUpdater(ModelUpdateGroup(channel, [ProxyWeightLoader(proxy)],
+                                                timeout=config.pipeline.update_timeout_s), nbytes=weight_bytes)
     else:
         closers += await connect_world(config, trainer, workers)
         updater = ChannelUpdater(trainer, workers, proxy, config.sync.channel)
@@ -304,7 +325,8 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
              for t, tp in zip(config.tasks, parts)]
     routing_log = RoutingLog({w.worker_id: w.hardware for w in workers})
     slots, names = build_envs(config, parts, proxy, sinks, routing_log)
-    rollout = RolloutScheduler(slots, names, buffer, proxy, carry_over=pcfg.mode != "one_off", seed=config.run.seed)
+    rollout = RolloutScheduler(slots, names, buffer, proxy, carry_over=pcfg.mode != "one_off", seed=config.run.seed,
+                               lockstep=pcfg.env_interaction == "batch", once_per_launch=pcfg.mode == "sync")
     rollout_devices = [d for w in workers for d in w.devices]
     train_devices = list(placement.trainer)
     loop = asyncio.get_running_loop()
@@ -314,9 +336,16 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
         ts = config.time_sharing
         policy = (CostAwarePolicy(min_keep=ts.min_keep, margin=ts.margin, prior_switch_cost_s=ts.prior_switch_cost_s)
                   if ts.policy == "cost_aware" else AlwaysShrinkPolicy(lend=ts.lend))
+        on_role = timeline.set_role
+        elastic = getattr(getattr(trainer, "inner", None), "on_role", None)
+        if elastic is not None:  # a simulated trainer trains on the devices lent to it
+
+            def on_role(devices: list[int], role: str) -> None:
+                timeline.set_role(devices, role)
+                elastic(devices, role)
         controller = TimeSharingController(ProxyElasticPool(proxy, ledger=ledger if runtime is not None else None), policy,
                                            train_devices=config.trainer.devices, slots_per_device=ts.slots_per_device,
-                                           on_role=timeline.set_role)
+                                           on_role=on_role)
     use_tb = config.run.tensorboard if tensorboard is None else tensorboard
     pipeline_parts = PipelineParts(buffer=buffer, rollout=rollout, trainer=trainer, updater=updater,
                                    rollout_devices=rollout_devices, train_devices=train_devices, controller=controller,

@@ -1,4 +1,4 @@
-"""The `rollart` command: `run`, `plan`, `timeline`, `reward serve`, `--version`.
+"""The `rollart` command: `run`, `plan`, `sim`, `timeline`, `reward serve`, `--version`.
 
 Why typer + rich: typed options with help for free, and a live line that shows what an operator
 watches in an RL run (trajectories done, tokens/s, reward, weight version, what each GPU does).
@@ -191,6 +191,43 @@ def plan(
         typer.echo(str(err), err=True)
         raise typer.Exit(code=2) from None
     render_plan(laid_out, Console(width=160))
+
+
+@app.command()
+def sim(
+    scenario: Path = typer.Argument(..., help="scenario YAML: a run config, a workload and the runs to compare"),
+    as_json: bool = typer.Option(False, "--json", help="print the results as JSON instead of a table"),
+    timeline_png: Path | None = typer.Option(None, "--timeline", help="write the device-role timeline of every run to this PNG"),
+    only: list[str] = typer.Option([], "--run", help="run only these runs of the scenario (repeatable)"),
+) -> None:
+    """`rollart sim SCENARIO.yaml`: the real pipeline with simulated engines, trainer and sync, in virtual time."""
+    import json
+
+    from rollart.scheduler.sim import plot_roles, render, run_scenario
+    from rollart.scheduler.sim_scenario import load_scenario
+
+    try:
+        spec = load_scenario(scenario)
+    except ConfigError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(code=2) from None
+    runs = [r for r in spec.runs if not only or r.name in only]
+    console = Console(stderr=as_json)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[status]}"), console=console, transient=as_json) as progress:
+        task = progress.add_task(spec.name, total=len(runs) * spec.iterations, status="")
+
+        def on_iteration(name: str, rec: dict[str, Any]) -> None:
+            progress.update(task, advance=1, status=f"{name}: iteration {rec['iteration']} at {rec['t_end']:.0f} virtual s")
+
+        results = run_scenario(spec, on_iteration, only=[r.name for r in runs])
+    if as_json:
+        typer.echo(json.dumps({"scenario": spec.name, "paper": spec.paper, "runs": [r.row() for r in results]}, indent=1))
+    else:
+        render(spec, results, console)
+    if timeline_png is not None:
+        path = plot_roles(results, timeline_png, title=spec.name)
+        console.print(f"timeline: {path}")
 
 
 @reward_app.command("serve")

@@ -56,6 +56,8 @@ class PipelineSection(_Strict):
     """Groups kept in flight per batch group (>= 1): the extra ones absorb stragglers and are aborted when the batch is full."""
     balance_tasks: bool = True
     """Take batches with every task in proportion to its `weight` rather than first come, first served."""
+    env_interaction: Literal["trajectory", "batch"] = "trajectory"
+    """`trajectory`: every env steps as soon as its own turn is back (RollArt); `batch`: groups step in lockstep waves, each turn waiting for the slowest env (the baseline of design D24)."""
     get_batch_timeout_s: float = Field(600.0, gt=0)
     """Seconds to wait for a full batch before the run fails."""
     update_timeout_s: float = Field(60.0, gt=0)
@@ -90,8 +92,9 @@ class TimeSharingSection(_Strict):
 
 
 ENGINES = ("torch", "vllm", "sim")
-TRAINER_BACKENDS = ("torch", "megatron")
-CHANNELS = ("local", "torch_dist", "mooncake")
+TRAINER_BACKENDS = ("torch", "megatron", "sim")
+CHANNELS = ("local", "torch_dist", "mooncake", "sim")
+SIM_MODELS = ("Qwen3-8B", "Qwen3-32B")
 DTYPES = ("float32", "bfloat16", "float16")
 PROMPT_STYLES = ("auto", "demo", "chat_template")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -152,6 +155,8 @@ class ModelSection(_Strict):
     """Tiny model: MLP width (ignored with `path`)."""
     max_positions: int = Field(128, ge=16)
     """Tiny model: maximum sequence length (ignored with `path`)."""
+    sim_model: Literal["Qwen3-8B", "Qwen3-32B"] | None = None
+    """A simulated model's shape for `engine: sim` / `trainer.backend: sim` (parameters, layers, KV heads; design D22)."""
 
     @model_validator(mode="after")
     def _checkpoint(self) -> ModelSection:
@@ -215,8 +220,8 @@ class RoutingSection(_Strict):
 class SyncSection(_Strict):
     """How weights go from the trainer to the rollout workers (design D17)."""
 
-    channel: Literal["local", "torch_dist", "mooncake"] = "local"
-    """Weight transport: `local` (one process), `torch_dist` (broadcast over a torch.distributed group) or `mooncake` (across clusters)."""
+    channel: Literal["local", "torch_dist", "mooncake", "sim"] = "local"
+    """Weight transport: `local` (one process), `torch_dist` (broadcast over a torch.distributed group), `mooncake` (across clusters) or `sim` (a modelled transfer time in the simulator)."""
     bucket_mb: float = Field(64.0, gt=0, le=16384)
     """Size bound of one weight bucket (MB)."""
     keep_last: int = Field(2, ge=1)
@@ -231,8 +236,8 @@ class TrainerSection(_Strict):
     rollout), gradients all-reduced over torch.distributed (gloo on CPU, NCCL on GPUs).
     """
 
-    backend: Literal["torch", "megatron"] = "torch"
-    """Training backend: `torch` or `megatron` (megatron-core, the `[megatron]` extra of rollart-train)."""
+    backend: Literal["torch", "megatron", "sim"] = "torch"
+    """Training backend: `torch`, `megatron` (megatron-core, the `[megatron]` extra of rollart-train) or `sim` (a step-time cost model for `rollart sim`)."""
     placement: Literal["driver", "actors"] = "driver"
     """`driver`: train in this process; `actors`: `devices` data-parallel Ray actors."""
     devices: int = Field(1, ge=1)
@@ -297,6 +302,14 @@ class TaskSection(_Strict):
     """Tokens generated per turn."""
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature."""
+    max_total_tokens: int = Field(4096, ge=1)
+    """Generated tokens per trajectory before it is truncated."""
+    max_context_tokens: int = Field(8192, ge=1)
+    """Prompt + response tokens of one turn's context before the trajectory is truncated."""
+    env_timeout_s: float = Field(30.0, gt=0)
+    """Seconds one env reset/step may take; past it the trajectory fails with `env_timeout`."""
+    llm_timeout_s: float | None = Field(None, gt=0)
+    """Seconds one generate call may take; default `pipeline.get_batch_timeout_s`."""
 
     @property
     def name(self) -> str:
@@ -366,7 +379,8 @@ def check_composition(config: RunConfig) -> None:
                              "and there is no 'default'")
     if config.trainer.placement == "actors" and not config.cluster.uses_ray:
         raise ValueError("trainer.placement: 'actors' needs a Ray cluster; set cluster.ray to 'local' or an address")
-    if config.sync.channel != "local" and config.trainer.placement != "actors":
+    check_simulation(config)
+    if config.sync.channel not in ("local", "sim") and config.trainer.placement != "actors":
         raise ValueError(f"sync.channel: {config.sync.channel!r} moves weights from trainer actors; "
                          "set trainer.placement: actors, or use sync.channel: local")
     if config.trainer.placement == "actors" and config.sync.channel != "local":
@@ -385,6 +399,26 @@ def check_composition(config: RunConfig) -> None:
                                  f"the cluster has {have}")
 
 
+def check_simulation(config: RunConfig) -> None:
+    """Simulated parts go together (design D22): a sim trainer or channel moves a version token, not
+    weights, so every pool must be a SimEngine; a simulated model shape has no weights to load."""
+    sim_trainer = config.trainer.backend == "sim"
+    sim_sync = config.sync.channel == "sim"
+    if sim_trainer and config.trainer.placement != "driver":
+        raise ValueError("trainer.placement: backend 'sim' is a cost model in the driver; use placement: driver")
+    if sim_sync and not sim_trainer:
+        raise ValueError("sync.channel: 'sim' moves a version token; it needs trainer.backend: sim")
+    if sim_trainer and config.model.path is not None:
+        raise ValueError("model.path: a simulated trainer loads no checkpoint; use model.sim_model for the shape")
+    if config.model.sim_model is not None and not sim_trainer:
+        raise ValueError(f"model.sim_model: {config.model.sim_model!r} has no weights; it needs trainer.backend: sim")
+    if sim_trainer or sim_sync:
+        for i, pool in enumerate(config.rollout.pools):
+            if pool.engine != "sim":
+                raise ValueError(f"rollout.pools.{i}.engine: {pool.engine!r} needs real weights; with trainer.backend: sim "
+                                 "every pool uses engine: sim")
+
+
 def required_devices(config: RunConfig) -> dict[str, int]:
     """Devices per hardware type the run occupies: every pool plus the trainer's own."""
     need: dict[str, int] = {}
@@ -395,8 +429,8 @@ def required_devices(config: RunConfig) -> dict[str, int]:
     return need
 
 
-def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    model: Any = RunConfig
+def _model_at(loc: tuple[Any, ...], root: type[BaseModel] | None = None) -> type[BaseModel] | None:
+    model: Any = root or RunConfig
     for part in loc:
         if isinstance(part, int):
             continue
@@ -411,8 +445,8 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     return model
 
 
-def format_validation_error(err: ValidationError) -> str:
-    """One line per problem: dotted field path, message, offending value, allowed values."""
+def format_validation_error(err: ValidationError, root: type[BaseModel] | None = None) -> str:
+    """One line per problem: dotted field path, message, offending value, allowed values (fields of `root`)."""
     lines = []
     for e in err.errors():
         loc = tuple(e.get("loc", ()))
@@ -425,7 +459,7 @@ def format_validation_error(err: ValidationError) -> str:
             text = msg.removeprefix("Value error, ")
             line = text if not loc or text.startswith(".".join(str(p) for p in loc)) else f"{path}: {text}"
         elif e.get("type") == "extra_forbidden":
-            parent = _model_at(loc[:-1])
+            parent = _model_at(loc[:-1], root)
             if parent is not None:
                 line += f"; allowed fields: {sorted(parent.model_fields)}"
         elif e.get("type") == "literal_error":

@@ -24,6 +24,7 @@ class ModelSpec:
     dtype: str = "float32"
     tiny: dict[str, int] = field(default_factory=dict)
     seed: int = 0
+    sim_model: str | None = None  # a SimEngine preset (Qwen3-8B, ...): a simulated run's shape, no weights
 
     def __post_init__(self) -> None:
         """Refuse a dtype no part can load."""
@@ -42,7 +43,7 @@ class ModelSpec:
         tiny = {"vocab_size": len(VOCAB), "hidden_size": m.hidden_size, "intermediate_size": m.intermediate_size,
                 "num_hidden_layers": m.num_layers, "num_attention_heads": m.num_heads,
                 "num_key_value_heads": m.num_heads, "max_position_embeddings": m.max_positions}
-        return cls(path=m.path, dtype=m.dtype, tiny=tiny, seed=config.run.seed)
+        return cls(path=m.path, dtype=m.dtype, tiny=tiny, seed=config.run.seed, sim_model=m.sim_model)
 
     @property
     def is_checkpoint(self) -> bool:
@@ -92,8 +93,11 @@ class ModelSpec:
 
     def sim_spec(self) -> Any:
         """The shape SimEngine's roofline model needs, read from the config (no weights are built)."""
-        from rollart.proxy.sim_engine import SimModelSpec
+        from rollart.proxy.sim_engine import QWEN3_8B, QWEN3_32B, SimModelSpec
 
+        presets = {"Qwen3-8B": QWEN3_8B, "Qwen3-32B": QWEN3_32B}
+        if self.sim_model is not None:
+            return presets[self.sim_model]
         c = self.hf_config()
         heads = c.num_attention_heads
         kv_heads = getattr(c, "num_key_value_heads", None) or heads

@@ -32,6 +32,7 @@ BUILTINS: dict[str, dict[str, str]] = {
         "frozenlake": "rollart.env.envs.frozen_lake:FrozenLakeEnv",
         "math": "rollart.env.envs.math_calc:MathCalcEnv",
         "code": "rollart.env.envs.code_sandbox:CodeSandboxEnv",
+        "synthetic": "rollart.scheduler.sim_parts:synthetic_env",  # a simulation (rollart sim)
     },
     "reward": {
         "frozenlake": "rollart.scheduler.tasks:frozen_lake_reward",
@@ -39,6 +40,7 @@ BUILTINS: dict[str, dict[str, str]] = {
         "env_success": "rollart.reward.rules:EnvSuccessReward",
         "math_answer": "rollart.reward.rules:MathAnswerReward",
         "format": "rollart.reward.rules:FormatReward",
+        "synthetic": "rollart.scheduler.sim_parts:synthetic_reward",  # a simulation (rollart sim)
     },
     "engine": {
         "torch": "rollart.proxy.torch_engine:TorchEngine",

@@ -47,11 +47,18 @@ class RolloutScheduler:
         carry_over: bool = True,
         seed: int = 0,
         seed_fn: Callable[[str, int], int] | None = None,
+        lockstep: bool = False,
+        once_per_launch: bool = False,
     ) -> None:
         """`slots[i]` are the group_size managers of group slot i, running task `slot_tasks[i]`.
 
         `carry_over=False` (one_off mode) aborts every in-flight trajectory at each resume, so no
-        trajectory mixes weight versions.
+        trajectory mixes weight versions. `lockstep=True` is the batch-level baseline (paper Fig. 5b,
+        design D24): every slot starts together in waves and every turn of the wave waits for all
+        generations and all environment steps of the wave (rollart-env's LockstepBarrier).
+        `once_per_launch=True` (sync mode) runs each slot's group once per `resume_launches`: a slot
+        that finishes early waits for the next iteration instead of starting work that the batch
+        boundary would abort.
         """
         if len(slots) != len(slot_tasks) or not slots:
             raise SchedulerError(f"slots and slot_tasks must be non-empty and of equal length, got {len(slots)} and {len(slot_tasks)}")
@@ -66,26 +73,60 @@ class RolloutScheduler:
         self._tasks: list[asyncio.Task] = []
         self._gate: asyncio.Event | None = None
         self.aborted_inflight = 0
+        self.lockstep = lockstep
+        self._stopping = False  # a slot whose managers all swallowed the stop (an abort raced it) exits here
+        self.once_per_launch = once_per_launch
+        self._launch = asyncio.Event()  # replaced (and the old one set) by every resume_launches
 
     def _managers_inflight(self) -> list[EnvManager]:
         return [m for slot in self.slots for m in slot if m.current is not None and not m.current.ended]
 
-    async def _slot_loop(self, index: int) -> None:
+    async def _run_group(self, index: int) -> None:
         managers, task = self.slots[index], self.slot_tasks[index]
-        while True:
+        n = next(self._gids)
+        gid = f"{task}-g{n}"
+        seed = self._seed_fn(task, n)
+        await asyncio.gather(*(m.run_trajectory(seed=seed, group_id=gid) for m in managers))
+
+    async def _slot_loop(self, index: int) -> None:
+        while not self._stopping:
             assert self._gate is not None
             await self._gate.wait()
-            n = next(self._gids)
-            gid = f"{task}-g{n}"
-            seed = self._seed_fn(task, n)
-            await asyncio.gather(*(m.run_trajectory(seed=seed, group_id=gid) for m in managers))
+            launch = self._launch
+            await self._run_group(index)
+            if self.once_per_launch:
+                await launch.wait()
+
+    async def _wave_loop(self) -> None:
+        """Batch-level interaction: all slots as one wave in lockstep; the next wave starts when it has ended."""
+        from rollart.env.group import LockstepBarrier
+
+        managers = [m for slot in self.slots for m in slot]
+        while not self._stopping:
+            assert self._gate is not None
+            await self._gate.wait()
+            barrier = LockstepBarrier(len(managers), timeout_s=1e9)
+            for m in managers:
+                m.turn_barrier = barrier
+            launch = self._launch
+            try:
+                await asyncio.gather(*(self._run_group(i) for i in range(len(self.slots))))
+            finally:
+                for m in managers:
+                    m.turn_barrier = None
+            if self.once_per_launch:
+                await launch.wait()
 
     async def start(self) -> None:
         """Launch ceil(groups_per_batch * redundancy) groups and keep that many in flight."""
         if self._tasks:
             return
+        self._stopping = False
         self._gate = asyncio.Event()
         self._gate.set()
+        if self.lockstep:
+            self._tasks = [asyncio.create_task(self._wave_loop(), name="rollout-waves")]
+            return
         self._tasks = [asyncio.create_task(self._slot_loop(i), name=f"rollout-slot-{i}") for i in range(len(self.slots))]
 
     def pause_launches(self) -> None:
@@ -94,7 +135,9 @@ class RolloutScheduler:
             self._gate.clear()
 
     def resume_launches(self) -> None:
-        """Start groups again."""
+        """Start groups again (with `once_per_launch`, each slot one more group)."""
+        launch, self._launch = self._launch, asyncio.Event()
+        launch.set()
         if self._gate is not None:
             self._gate.set()
 
@@ -148,6 +191,7 @@ class RolloutScheduler:
             raise SchedulerError(f"timeout_s must be a finite timeout > 0 seconds, got {timeout_s!r}")
         # <<< generated
         tasks, self._tasks = self._tasks, []
+        self._stopping = True
         for t in tasks:
             t.cancel()
         if tasks:

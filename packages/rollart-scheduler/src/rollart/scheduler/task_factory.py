@@ -15,10 +15,11 @@ from typing import Any
 from rollart.env.trajectory import Trajectory
 from rollart.scheduler.config import RunConfig, TaskSection
 from rollart.scheduler.registry import resolve
+from rollart.scheduler.sim_parts import Distribution, SampledResponseLength, SyntheticPrompts
 from rollart.scheduler.tasks import FROZEN_LAKE_MAP, FrozenLakePrompts, MathToolPrompts
 
 Scorer = Callable[[Trajectory], Awaitable[float]]
-DEMO_PROMPTS = {"frozenlake": FrozenLakePrompts, "math": MathToolPrompts}
+DEMO_PROMPTS = {"frozenlake": FrozenLakePrompts, "math": MathToolPrompts, "synthetic": SyntheticPrompts}
 DEMO_ENV_ARGS: dict[str, Callable[[TaskSection], dict[str, Any]]] = {
     "frozenlake": lambda t: {"desc": list(FROZEN_LAKE_MAP), "is_slippery": False, "max_episode_steps": t.max_turns},
     "math": lambda t: {"source": "generated", "max_tool_calls": 2},
@@ -44,6 +45,7 @@ class TaskParts:
     reward_origin: str
     closers: list[Callable[[], Any]]
     prompts: str = "demo"
+    llm_wrapper: Callable[[Any], Any] | None = None  # wraps the task's LLM client (simulated response lengths)
 
 
 def prompt_style(task: TaskSection, config: RunConfig) -> str:
@@ -122,6 +124,13 @@ def build_task(task: TaskSection, index: int, config: RunConfig, tokenizer: Any,
     check_env_class(env.obj, f"{field}.env")
     env_args = {**DEMO_ENV_ARGS.get(task.env, lambda t: {})(task), **task.env_args}
     env_cls = env.obj
+    llm_wrapper = None
+    if task.env == "synthetic":  # a simulation: the policy's response lengths are part of the workload (D22)
+        lengths = Distribution.of(env_args.pop("response_tokens", task.max_tokens))
+        seed = config.run.seed
+
+        def llm_wrapper(client: Any) -> Any:
+            return SampledResponseLength(client, lengths, seed)
 
     def env_factory() -> Any:
         return env_cls(**env_args)
@@ -158,7 +167,7 @@ def build_task(task: TaskSection, index: int, config: RunConfig, tokenizer: Any,
     else:
         scorer, origin, closer = service_scorer(reward_spec, f"{field}.reward")
         closers.append(closer)
-    return TaskParts(task, env_factory, prompts_factory, scorer, env.origin, origin, closers, style)
+    return TaskParts(task, env_factory, prompts_factory, scorer, env.origin, origin, closers, style, llm_wrapper)
 
 
 def service_scorer(spec: Any, field: str = "reward") -> tuple[Scorer, str, Callable[[], Any]]:

@@ -147,9 +147,10 @@ class ActorTrainerGroup:
 class LocalUpdater:
     """sync's ModelUpdateGroup over LocalChannel and the proxy: the embedded default."""
 
-    def __init__(self, group: Any) -> None:
-        """`group` is a rollart.sync ModelUpdateGroup."""
+    def __init__(self, group: Any, nbytes: float | None = None) -> None:
+        """`group` is a rollart.sync ModelUpdateGroup; `nbytes` reports a simulated channel's modelled bytes."""
         self.group = group
+        self.nbytes = nbytes
 
     async def model_update(self, trainer: Any, version: int, timeout: float) -> dict[str, float]:
         """Publish the trainer's tensors and load them on every active worker."""
@@ -157,7 +158,7 @@ class LocalUpdater:
         t0 = loop.time()
         named = await trainer.named_tensors()
         await self.group.model_update(named, version, timeout=timeout)
-        nbytes = sum(t.numel() * t.element_size() for t in named.values())
+        nbytes = self.nbytes if self.nbytes is not None else sum(t.numel() * t.element_size() for t in named.values())
         return {"sync_s": loop.time() - t0, "sync_bytes": float(nbytes)}
 
 

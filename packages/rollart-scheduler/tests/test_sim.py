@@ -1,0 +1,183 @@
+"""Steps 21-24 (D22-D24): `rollart sim` runs the one builder and Pipeline with simulated parts in virtual time.
+
+The parts are simulations, named so: SimEngine workers behind the real LLMProxy, SimTrainer, SimChannel,
+synthetic envs in real EnvManagers. Nothing here claims a wall-time figure (those are in scripts/bench).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from rollart.proxy.sim_engine import QWEN3_8B, RooflineModel
+from rollart.resource.hardware import BUILTIN_HARDWARE
+from rollart.scheduler.cli import app
+from rollart.scheduler.errors import ConfigError
+from rollart.scheduler.sim import run_one, run_scenario
+from rollart.scheduler.sim_scenario import parse_scenario
+from rollart.sync.sim import transfer_seconds
+from rollart.train.sim_trainer import train_step_cost
+
+H800, H20 = BUILTIN_HARDWARE["H800"], BUILTIN_HARDWARE["H20"]
+
+
+def scenario(**over) -> dict:
+    base = {
+        "name": "tiny",
+        "seed": 1,
+        "iterations": 3,
+        "warmup": 1,
+        "config": {
+            "pipeline": {"mode": "async", "alpha": 1, "batch_size": 8, "group_size": 4, "redundancy": 1.5,
+                         "get_batch_timeout_s": 1e6, "update_timeout_s": 600},
+            "model": {"sim_model": "Qwen3-8B"},
+            "rollout": {"pools": [{"name": "r", "hardware": "H800", "devices": 2, "engine": "sim", "max_num_seqs": 32,
+                                   "engine_args": {"decode_quantum_s": 0.5}}]},
+            "trainer": {"backend": "sim", "devices": 2, "hardware": "H800"},
+            "sync": {"channel": "sim"},
+            "tasks": [{"env": "synthetic", "reward": "synthetic", "max_turns": 8, "max_tokens": 512, "env_timeout_s": 10000}],
+        },
+        "workload": {"turns": {"kind": "gaussian", "mean": 3, "std": 1}, "prompt_tokens": 64, "observation_tokens": 16,
+                     "response_tokens": {"kind": "lognormal", "mean": 24, "std": 0.5, "max": 128},
+                     "step_latency": {"kind": "gaussian", "mean": 400, "std": 200}},
+        "runs": [{"name": "a"}],
+    }
+    for key, value in over.items():
+        if key in base["config"]:
+            base["config"][key] = {**base["config"][key], **value}
+        else:
+            base[key] = value
+    return base
+
+
+def test_an_hour_of_virtual_time_runs_in_seconds_and_is_deterministic_for_a_seed():
+    spec = parse_scenario(scenario(iterations=6))
+    first, second = run_scenario(spec), run_scenario(spec)
+    assert first[0].virtual_s >= 3600  # hours of env latency, a few seconds of wall time for the whole test
+    rows = [{k: v for k, v in r.row().items() if k != "wall_s"} for r in (*first, *second)]
+    assert rows[0] == rows[1]  # the same table twice
+    assert first[0].history == second[0].history
+    other = run_one(parse_scenario(scenario(seed=2, iterations=6)), spec.runs[0])
+    assert other.virtual_s != first[0].virtual_s
+
+
+def test_cost_model_matches_hand_computed_roofline_figures():
+    # train step: 6 P T / (n F mfu) + ring all-reduce 2 (n-1)/n x 2 P bytes over the NIC beyond one node
+    cost = train_step_cost(8.2e9, 1_000_000, 128, H800)
+    assert cost.compute_s == pytest.approx(6 * 8.2e9 * 1e6 / (128 * 989.5e12 * 0.4))  # 0.3108 s
+    assert cost.allreduce_s == pytest.approx(2 * 127 / 128 * 16.4e9 / 50e9)  # 0.6509 s
+    assert train_step_cost(8.2e9, 1000, 8, H800).allreduce_s == pytest.approx(2 * 7 / 8 * 16.4e9 / 400e9)  # NVLink
+    # decode step of Qwen3-8B on H20, batch 1, 1000 tokens of context: memory bound
+    kv = 2 * 36 * 8 * 128 * 2
+    assert RooflineModel(QWEN3_8B, H20.tflops_bf16, H20.hbm_tbps).decode_seconds(1, 1000) == pytest.approx(
+        0.002 + (16.4e9 + kv * 1000) / (4.0e12 * 0.7))
+    # prefill of 8192 new tokens on H800: compute bound
+    assert RooflineModel(QWEN3_8B, H800.tflops_bf16, H800.hbm_tbps).prefill_seconds(8192, 0) == pytest.approx(
+        0.002 + (2 * 8.2e9 * 8192 + 4 * 36 * 4096 * 8192 * 4096) / (989.5e12 * 0.5))
+    # weight sync: 64 MiB buckets, 1e-4 s each, over the trainer NIC (50 GB/s)
+    assert transfer_seconds(16.4e9, 50.0, 64 << 20) == pytest.approx(math.ceil(16.4e9 / (64 << 20)) * 1e-4 + 16.4e9 / 50e9)
+
+
+def test_the_builder_wires_the_cost_models_into_the_pipeline():
+    result = run_one(parse_scenario(scenario(iterations=2)), parse_scenario(scenario()).runs[0])
+    rec = result.history[-1]
+    publish = transfer_seconds(16.4e9, H800.network_gbps, 64 << 20)
+    load = 16.4e9 / 25e9  # SimEngine.load_weights over its host link
+    assert rec["sync_s"] == pytest.approx(publish + load)
+    assert rec["sync_bytes"] == pytest.approx(16.4e9)
+    assert 0 < rec["train_s"] < 60 and result.rollout_devices == 2 and result.train_devices == 2
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mode=st.sampled_from(["sync", "one_off", "async", "time_sharing"]), alpha=st.integers(1, 3),
+       group=st.sampled_from([2, 4]), redundancy=st.sampled_from([1.0, 1.5, 2.0]), fail=st.sampled_from([0.0, 0.1]),
+       batch_level=st.booleans(), seed=st.integers(0, 100))
+def test_every_trajectory_is_accounted_once_and_the_bound_holds(mode, alpha, group, redundancy, fail, batch_level, seed):
+    alpha = {"sync": 0, "one_off": 1}.get(mode, alpha)
+    spec = parse_scenario(scenario(
+        seed=seed, iterations=3,
+        pipeline={"mode": mode, "alpha": alpha, "group_size": group, "redundancy": redundancy,
+                  "env_interaction": "batch" if batch_level else "trajectory"},
+        workload={"turns": {"kind": "gaussian", "mean": 2, "std": 1}, "prompt_tokens": 32, "observation_tokens": 8,
+                  "response_tokens": {"kind": "lognormal", "mean": 12, "std": 0.5, "max": 64},
+                  "step_latency": {"kind": "lognormal", "mean": 20, "std": 1.0, "max": 600}, "failure_prob": fail}))
+    r = run_one(spec, spec.runs[0])
+    assert r.collected == 3 * 8  # exactly the batches; a FAILED trajectory is never collected
+    assert r.seen == r.collected + r.aborted + r.failed + r.in_buffer  # each trajectory in exactly one bucket
+    assert r.staleness_max <= alpha
+    assert all(h["trajectories"] == 8 and h["staleness_max"] <= alpha for h in r.history)
+
+
+def test_batch_level_interaction_waits_for_the_slowest_env_every_turn():
+    spec = parse_scenario(scenario(
+        iterations=3, pipeline={"mode": "sync", "alpha": 0, "redundancy": 1.0, "batch_size": 16, "group_size": 2},
+        workload={"turns": 3, "prompt_tokens": 32, "observation_tokens": 8, "response_tokens": 16,
+                  "step_latency": {"kind": "gaussian", "mean": 100, "std": 100}},
+        runs=[{"name": "trajectory"}, {"name": "batch", "set": {"pipeline.env_interaction": "batch"}}]))
+    traj, batch = run_scenario(spec)
+    assert batch.rollout_s > 1.15 * traj.rollout_s  # E[sum of per-turn maxima] > E[max of per-trajectory sums]
+
+
+@pytest.mark.parametrize("over, field", [
+    ({"iteratons": 3}, "iteratons"),
+    ({"workload": {"step_latecy": 1}}, "workload.step_latecy"),
+    ({"workload": {"turns": {"kind": "poisson", "mean": 3}}}, "workload.turns"),
+    ({"pipeline": {"modee": "async"}}, "config.pipeline.modee"),
+    ({"trainer": {"backend": "torch"}}, "trainer.backend"),
+    ({"runs": [{"name": "a", "set": {"pipeline.alpha": -1}}]}, "config.pipeline.alpha"),
+    ({"runs": [{"name": "a", "set": {"workload.turns.sdt": 1}}]}, "runs.a.set.workload.turns"),
+    ({"runs": [{"name": "a", "sett": {}}]}, "runs.0.sett"),
+    ({"tasks": [{"env": "synthetic", "reward": "synthetic", "env_args": {"latency": 3}}]}, "config.tasks.0.env_args.latency"),
+])
+def test_scenario_errors_name_the_field(over, field):
+    data = scenario()
+    for key, value in over.items():
+        if key in ("pipeline", "trainer"):
+            data["config"][key].update(value)
+        elif key == "tasks":
+            data["config"]["tasks"] = value
+        else:
+            data[key] = value
+    with pytest.raises(ConfigError) as err:
+        parse_scenario(data)
+    assert field in str(err.value)
+
+
+def test_rollart_sim_cli_prints_json_and_writes_the_timeline(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(scenario(iterations=2, runs=[{"name": "async"}, {"name": "ts", "set": {
+        "pipeline.mode": "time_sharing", "time_sharing.policy": "always_shrink"}}])))
+    png = tmp_path / "t.png"
+    out = CliRunner().invoke(app, ["sim", str(path), "--json", "--timeline", str(png)])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout[out.stdout.index("{"):])
+    assert [r["name"] for r in data["runs"]] == ["async", "ts"] and png.stat().st_size > 1000
+    assert data["runs"][1]["switch_s"] > 0 and data["runs"][0]["switch_s"] == 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nruns: [{name: a}]\nconfig: {}\nbogus: 1\n")
+    out = CliRunner().invoke(app, ["sim", str(bad)])
+    assert out.exit_code == 2 and "bogus" in out.output
+
+
+def test_committed_scenarios_parse():
+    from pathlib import Path
+
+    from rollart.scheduler.sim_scenario import load_scenario
+
+    root = Path(__file__).resolve().parents[3] / "examples" / "scenarios"
+    names = sorted(p.stem for p in root.glob("*.yaml"))
+    assert len(names) >= 6
+    for name in names:
+        spec = load_scenario(root / f"{name}.yaml")
+        assert spec.paper and len(spec.runs) >= 2
+
+
+def test_sync_mode_starts_no_group_the_batch_boundary_would_abort():
+    spec = parse_scenario(scenario(iterations=3, pipeline={"mode": "sync", "alpha": 0, "redundancy": 1.0}))
+    r = run_one(spec, spec.runs[0])
+    assert r.collected == 24 and r.aborted == 0 and r.in_buffer == 0  # each slot ran exactly one group per iteration
