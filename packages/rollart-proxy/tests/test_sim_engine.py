@@ -197,3 +197,16 @@ def test_decode_quantum_keeps_tokens_and_finish_times_with_fewer_steps():
     assert fast_steps < exact_steps / 5
     with pytest.raises(ProxyError, match="decode_quantum_s"):
         SimEngine(QWEN3_8B, lookup_hardware("H20"), decode_quantum_s=-1.0)
+
+
+def test_a_batched_prefill_costs_each_sequence_its_own_attention():
+    """16 cold 8K prompts admitted together: one step overhead plus 16 times one prompt's FLOPs, not the
+    attention of one 128K sequence (the batch's sequences never attend to each other)."""
+    model = roofline("H800")
+    one = model.prefill_seconds(8192, 0) - model.step_overhead_s
+    assert model.prefill_batch_seconds([(8192, 0)] * 16) == pytest.approx(model.step_overhead_s + 16 * one)
+    engine = SimEngine(QWEN3_8B, lookup_hardware("H800"), max_num_seqs=16)
+    prompts = [EngineRequest(f"r{i}", tuple(range(1 + i, 8193 + i)), SamplingParams(max_tokens=1), f"t{i}")
+               for i in range(16)]
+    run_engine(engine, prompts)
+    assert engine.stats["prefill_s"] == pytest.approx(model.step_overhead_s + 16 * one)

@@ -98,6 +98,13 @@ class RooflineModel:
         )
         return self.step_overhead_s + flops / (self.tflops * 1e12 * self.mfu)
 
+    def prefill_batch_seconds(self, seqs: list[tuple[int, int]]) -> float:
+        """One batched prefill of (new, cached) token counts: one overhead, and each sequence's attention
+        over its own context only (sequences of a batch never attend to each other)."""
+        m = self.model
+        flops = sum(2.0 * m.n_params * n + 4.0 * m.n_layers * m.hidden_size * n * (c + n / 2.0) for n, c in seqs)
+        return self.step_overhead_s + flops / (self.tflops * 1e12 * self.mfu)
+
     def decode_seconds(self, batch: int, context_tokens: int) -> float:
         """t = overhead + max((W + kv * C) / (B_hbm * mbu), (2 P b + 4 L d C) / (F * mfu))."""
         m = self.model
@@ -335,14 +342,13 @@ class SimEngine:
         self.stats["steps"] += 1
         admitted = self._admit()
         if admitted:
-            new_tokens, cached = 0, 0
+            sizes = []
             for seq in admitted:
                 hit = seq.cached
                 self.stats["prefix_hit_tokens"] += hit
-                new_tokens += seq.context_len - hit
-                cached += hit
+                sizes.append((seq.context_len - hit, hit))
                 self._running[seq.request.request_id] = seq
-            seconds = self.roofline.prefill_seconds(new_tokens, cached)
+            seconds = self.roofline.prefill_batch_seconds(sizes)
             self.stats["prefill_s"] += seconds
             await self._sleep(seconds)
             return [out for seq in admitted if (out := self._emit(seq)) is not None]
