@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from rollart.env import checks as check
 from rollart.env.errors import EnvError, EnvTimeoutError, TransientEnvError
 
 T = TypeVar("T")
@@ -31,35 +32,20 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         # VAL: VAL_TIMEOUT(self.timeout_s, exc=EnvError)
-        # >>> generated VAL_TIMEOUT #f7a6429e97 (edit the annotation, not this block)
-        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or not (self.timeout_s - self.timeout_s == 0) or not self.timeout_s > 0:
-            raise EnvError(f"self.timeout_s must be a finite timeout > 0 seconds, got {self.timeout_s!r}")
-        # <<< generated
+        check.timeout("timeout_s", self.timeout_s, exc=EnvError)  # generated #b23b8c2c22
         # VAL: VAL_INT_RANGE(self.max_attempts, min=1, max=100, exc=EnvError)
-        # >>> generated VAL_INT_RANGE #444ae39a26 (edit the annotation, not this block)
-        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or not (1 <= self.max_attempts <= 100):
-            raise EnvError(f"self.max_attempts must be an integer in [{ 1 }, { 100 }], got {self.max_attempts!r}")
-        # <<< generated
+        check.int_range("max_attempts", self.max_attempts, min=1, max=100, exc=EnvError)  # generated #3775eeaaaa
         # VAL: VAL_NON_NEGATIVE(self.base_delay_s, exc=EnvError)
-        # >>> generated VAL_NON_NEGATIVE #3af649b753 (edit the annotation, not this block)
-        if not self.base_delay_s >= 0:
-            raise EnvError(f"self.base_delay_s must be >= 0, got {self.base_delay_s!r}")
-        # <<< generated
+        check.non_negative("base_delay_s", self.base_delay_s, exc=EnvError)  # generated #986483e0fa
         # VAL: VAL_NON_NEGATIVE(self.max_delay_s, exc=EnvError)
-        # >>> generated VAL_NON_NEGATIVE #bd7ab34c65 (edit the annotation, not this block)
-        if not self.max_delay_s >= 0:
-            raise EnvError(f"self.max_delay_s must be >= 0, got {self.max_delay_s!r}")
-        # <<< generated
+        check.non_negative("max_delay_s", self.max_delay_s, exc=EnvError)  # generated #82095c78c0
         pass
 
 
 def backoff_delay(policy: RetryPolicy, attempt: int, rng: random.Random) -> float:
     """Delay before retry number `attempt` (1-based): uniform in [0, min(max, base * 2**(attempt-1))]."""
     # VAL: VAL_INT_RANGE(attempt, min=1, max=policy.max_attempts, exc=EnvError)
-    # >>> generated VAL_INT_RANGE #737fc29194 (edit the annotation, not this block)
-    if isinstance(attempt, bool) or not isinstance(attempt, int) or not (1 <= attempt <= policy.max_attempts):
-        raise EnvError(f"attempt must be an integer in [{ 1 }, { policy.max_attempts }], got {attempt!r}")
-    # <<< generated
+    check.int_range("attempt", attempt, min=1, max=policy.max_attempts, exc=EnvError)  # generated #a8496973ec
     cap = min(policy.max_delay_s, policy.base_delay_s * (2 ** (attempt - 1)))
     return rng.uniform(0.0, cap)
 

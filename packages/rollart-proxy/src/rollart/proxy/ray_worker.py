@@ -18,6 +18,7 @@ from rollart.proxy.engine import Engine
 from rollart.proxy.errors import ProxyError, ProxyTimeoutError, WorkerFailedError
 from rollart.proxy.types import EngineOutput, EngineRequest
 from rollart.proxy.worker import InferenceWorker, WorkerStats
+from rollart.resource import checks as check
 
 if TYPE_CHECKING:
     import torch
@@ -65,10 +66,7 @@ class RayWorkerHandle:
         import ray
 
         # VAL: VAL_TIMEOUT(command_timeout_s, exc=ProxyError)
-        # >>> generated VAL_TIMEOUT #138a1fc66e (edit the annotation, not this block)
-        if isinstance(command_timeout_s, bool) or not isinstance(command_timeout_s, (int, float)) or not (command_timeout_s - command_timeout_s == 0) or not command_timeout_s > 0:
-            raise ProxyError(f"command_timeout_s must be a finite timeout > 0 seconds, got {command_timeout_s!r}")
-        # <<< generated
+        check.timeout("command_timeout_s", command_timeout_s, exc=ProxyError)  # generated #9f2ecf020c
         options = {"num_cpus": 1, "max_concurrency": 1000, **dict(actor_options or {})}
         remote_cls = ray.remote(InferenceWorkerActor)
 

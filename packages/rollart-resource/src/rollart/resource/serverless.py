@@ -16,6 +16,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
 
+from rollart.resource import checks as check
 from rollart.resource.errors import ResourceError, ServerlessError
 
 __all__ = ["ServerlessClient", "redact_url"]
@@ -53,25 +54,13 @@ class ServerlessClient:
         """
         # deps: none
         # VAL: VAL_TIMEOUT(timeout, exc=ResourceError)
-        # >>> generated VAL_TIMEOUT #1a53c8063d (edit the annotation, not this block)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
-            raise ResourceError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
-        # <<< generated
+        check.timeout("timeout", timeout, exc=ResourceError)  # generated #db0d52c256
         # VAL: VAL_INT_RANGE(retries, min=0, max=100, exc=ResourceError)
-        # >>> generated VAL_INT_RANGE #ff205daf44 (edit the annotation, not this block)
-        if isinstance(retries, bool) or not isinstance(retries, int) or not (0 <= retries <= 100):
-            raise ResourceError(f"retries must be an integer in [{ 0 }, { 100 }], got {retries!r}")
-        # <<< generated
+        check.int_range("retries", retries, min=0, max=100, exc=ResourceError)  # generated #b572bd3688
         # VAL: VAL_NON_NEGATIVE(backoff, exc=ResourceError)
-        # >>> generated VAL_NON_NEGATIVE #ecd7bd0f12 (edit the annotation, not this block)
-        if not backoff >= 0:
-            raise ResourceError(f"backoff must be >= 0, got {backoff!r}")
-        # <<< generated
+        check.non_negative("backoff", backoff, exc=ResourceError)  # generated #a46bfb2008
         # AST: AST_PRECONDITION(url.startswith(("http://", "https://")), got=url, msg="url must be an http(s) URL", exc=ResourceError)
-        # >>> generated AST_PRECONDITION #60086d8d6e (edit the annotation, not this block)
-        if not (url.startswith(('http://', 'https://'))):
-            raise ResourceError(f"Pre-condition: url must be an http(s) URL, got {url!r}")
-        # <<< generated
+        check.precondition(url.startswith(("http://", "https://")), "url must be an http(s) URL", got=url, exc=ResourceError)  # generated #f8fa014c8a
         self.url = url
         self.timeout = float(timeout)
         self.retries = retries

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from rollart.resource import checks as check
 from rollart.resource.errors import ResourceError, TransitionInFlight
 from rollart.resource.ledger import (
     OPEN_PHASES,
@@ -196,10 +197,7 @@ class SqliteMetadataStore:
         """Open (creating or migrating) the file; the busy timeout is the deadline for the write lock."""
         # deps: migrate
         # VAL: VAL_TIMEOUT(busy_timeout, exc=ResourceError)
-        # >>> generated VAL_TIMEOUT #b07f3c10d8 (edit the annotation, not this block)
-        if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)) or not (busy_timeout - busy_timeout == 0) or not busy_timeout > 0:
-            raise ResourceError(f"busy_timeout must be a finite timeout > 0 seconds, got {busy_timeout!r}")
-        # <<< generated
+        check.timeout("busy_timeout", busy_timeout, exc=ResourceError)  # generated #cac9625f79
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
@@ -253,16 +251,10 @@ class SqliteMetadataStore:
         """Create the device rows of a new pool, all free; refuses if rows exist already."""
         # deps: none
         # VAL: VAL_NON_EMPTY(devices, exc=ResourceError)
-        # >>> generated VAL_NON_EMPTY #5d875ad592 (edit the annotation, not this block)
-        if len(devices) == 0:
-            raise ResourceError(f"devices must not be empty, got {devices!r}")
-        # <<< generated
+        check.non_empty("devices", devices, exc=ResourceError)  # generated #dee40652f9
         with self._write(event) as conn:
             # AST: AST_PRECONDITION(not self.devices(), got=len(self.devices()), msg="the store has no devices yet", exc=ResourceError)
-            # >>> generated AST_PRECONDITION #88cbdaed56 (edit the annotation, not this block)
-            if not (not self.devices()):
-                raise ResourceError(f"Pre-condition: the store has no devices yet, got {len(self.devices())!r}")
-            # <<< generated
+            check.precondition(not self.devices(), "the store has no devices yet", got_lazy=lambda: len(self.devices()), exc=ResourceError)  # generated #fcfede9a56
             conn.executemany("INSERT INTO devices (id, hw, role, owner) VALUES (?, ?, 'free', NULL)",
                              [(d.id, d.hw) for d in devices])
 
@@ -270,29 +262,16 @@ class SqliteMetadataStore:
         """Bind free devices to an owner and role, checking they are free inside the write transaction."""
         # deps: none
         # VAL: VAL_NON_EMPTY(owner, exc=ResourceError)
-        # >>> generated VAL_NON_EMPTY #25e1418a9c (edit the annotation, not this block)
-        if len(owner) == 0:
-            raise ResourceError(f"owner must not be empty, got {owner!r}")
-        # <<< generated
+        check.non_empty("owner", owner, exc=ResourceError)  # generated #a733878f01
         # VAL: VAL_ONE_OF(role, choices=TRANSITION_ROLES, exc=ResourceError)
-        # >>> generated VAL_ONE_OF #3e042887cb (edit the annotation, not this block)
-        if role not in TRANSITION_ROLES:
-            raise ResourceError(f"role must be one of {sorted(TRANSITION_ROLES, key=repr)!r}, got {role!r}")
-        # <<< generated
+        check.one_of("role", role, TRANSITION_ROLES, exc=ResourceError)  # generated #7fbd1c5285
         devices = list(devices)
         # VAL: VAL_NON_EMPTY(devices, exc=ResourceError)
-        # >>> generated VAL_NON_EMPTY #5d875ad592 (edit the annotation, not this block)
-        if len(devices) == 0:
-            raise ResourceError(f"devices must not be empty, got {devices!r}")
-        # <<< generated
+        check.non_empty("devices", devices, exc=ResourceError)  # generated #dee40652f9
         with self._write(event) as conn:
             free = {r[0] for r in conn.execute("SELECT id FROM devices WHERE role = 'free'")}
             # VAL: VAL_SUBSET(devices, of=free, exc=ResourceError)
-            # >>> generated VAL_SUBSET #e08164a1b4 (edit the annotation, not this block)
-            _val_extra = [_val_item for _val_item in devices if _val_item not in free]
-            if _val_extra:
-                raise ResourceError(f"devices must be a subset of {sorted(free, key=repr)!r}; not allowed: {_val_extra!r}")
-            # <<< generated
+            check.subset("devices", devices, of=free, exc=ResourceError)  # generated #3a721be890
             conn.executemany("UPDATE devices SET role = ?, owner = ? WHERE id = ?", [(role, owner, d) for d in devices])
 
     def release(self, owner: str, devices: Sequence[int] | None = None, *, event: EventDraft | None = None) -> tuple[int, ...]:
@@ -305,11 +284,7 @@ class SqliteMetadataStore:
             owned = [r[0] for r in conn.execute("SELECT id FROM devices WHERE owner = ? ORDER BY id", (owner,))]
             devices = owned if devices is None else list(devices)
             # VAL: VAL_SUBSET(devices, of=owned, exc=ResourceError)
-            # >>> generated VAL_SUBSET #b6f4c771f3 (edit the annotation, not this block)
-            _val_extra = [_val_item for _val_item in devices if _val_item not in owned]
-            if _val_extra:
-                raise ResourceError(f"devices must be a subset of {sorted(owned, key=repr)!r}; not allowed: {_val_extra!r}")
-            # <<< generated
+            check.subset("devices", devices, of=owned, exc=ResourceError)  # generated #e72e19808a
             pending = self.open_transition()
             if pending is not None and set(pending.devices) & set(devices):
                 raise TransitionInFlight(
@@ -325,10 +300,7 @@ class SqliteMetadataStore:
         """Insert a planned transition after revalidating it, atomically refusing if one is open."""
         # deps: validate_transition
         # AST: AST_PRECONDITION(transition.phase == "planned", got=transition.phase, msg="a new transition is planned", exc=ResourceError)
-        # >>> generated AST_PRECONDITION #0b09b7ec12 (edit the annotation, not this block)
-        if not (transition.phase == 'planned'):
-            raise ResourceError(f"Pre-condition: a new transition is planned, got {transition.phase!r}")
-        # <<< generated
+        check.precondition(transition.phase == "planned", "a new transition is planned", got=transition.phase, exc=ResourceError)  # generated #d4a1fb4523
         with self._write(event) as conn:
             pending = self.open_transition()
             if pending is not None:
@@ -347,17 +319,11 @@ class SqliteMetadataStore:
         """Move a transition along the state machine (not to committed: that is commit_transition)."""
         # deps: none
         # AST: AST_PRECONDITION(phase != "committed", got=phase, msg="commit goes through commit_transition", exc=ResourceError)
-        # >>> generated AST_PRECONDITION #cb1fd9ab5d (edit the annotation, not this block)
-        if not (phase != 'committed'):
-            raise ResourceError(f"Pre-condition: commit goes through commit_transition, got {phase!r}")
-        # <<< generated
+        check.precondition(phase != "committed", "commit goes through commit_transition", got=phase, exc=ResourceError)  # generated #864d20b0be
         with self._write(event) as conn:
             current = self._transition(transition_id)
             # VAL: VAL_STATE_TRANSITION(current.phase, phase, allowed=PHASE_MOVES, exc=ResourceError)
-            # >>> generated VAL_STATE_TRANSITION #88ed45f620 (edit the annotation, not this block)
-            if phase not in PHASE_MOVES.get(current.phase, ()):
-                raise ResourceError(f"illegal transition of current.phase: {current.phase!r} -> {phase!r}; allowed from {current.phase!r}: {sorted(PHASE_MOVES.get(current.phase, ()), key=repr)!r}")
-            # <<< generated
+            check.transition("current.phase", current.phase, phase, PHASE_MOVES, exc=ResourceError)  # generated #e7d9c1a179
             conn.execute("UPDATE transitions SET phase = ?, reason = COALESCE(?, reason) WHERE id = ?",
                          (phase, reason, transition_id))
         return Transition(current.id, current.kind, current.from_role, current.to_role, current.devices, phase)
@@ -368,17 +334,11 @@ class SqliteMetadataStore:
         with self._write(event) as conn:
             current = self._transition(transition_id)
             # VAL: VAL_STATE_TRANSITION(current.phase, "committed", allowed=PHASE_MOVES, exc=ResourceError)
-            # >>> generated VAL_STATE_TRANSITION #01087d99d2 (edit the annotation, not this block)
-            if 'committed' not in PHASE_MOVES.get(current.phase, ()):
-                raise ResourceError(f"illegal transition of current.phase: {current.phase!r} -> {'committed'!r}; allowed from {current.phase!r}: {sorted(PHASE_MOVES.get(current.phase, ()), key=repr)!r}")
-            # <<< generated
+            check.transition("current.phase", current.phase, "committed", PHASE_MOVES, exc=ResourceError)  # generated #a23e477e02
             ledger = self.devices()
             moved = [d for d in current.devices if ledger[d].role == current.from_role]
             # AST: AST_INVARIANT(len(moved) == len(current.devices), got=current.devices, msg="every device of the transition still has its from_role", exc=ResourceError)
-            # >>> generated AST_INVARIANT #c01468e37a (edit the annotation, not this block)
-            if not (len(moved) == len(current.devices)):
-                raise ResourceError(f"Invariant: every device of the transition still has its from_role, got {current.devices!r}")
-            # <<< generated
+            check.invariant(len(moved) == len(current.devices), "every device of the transition still has its from_role", got=current.devices, exc=ResourceError)  # generated #b1561f28c8
             conn.executemany("UPDATE devices SET role = ? WHERE id = ?", [(current.to_role, d) for d in current.devices])
             conn.execute("UPDATE transitions SET phase = 'committed' WHERE id = ?", (transition_id,))
         return Transition(current.id, current.kind, current.from_role, current.to_role, current.devices, "committed")
@@ -410,10 +370,7 @@ class SqliteMetadataStore:
         """Insert or replace a worker row (health reports are idempotent upserts)."""
         # deps: none
         # VAL: VAL_ONE_OF(record.health, choices=WORKER_HEALTH, exc=ResourceError)
-        # >>> generated VAL_ONE_OF #dea2029666 (edit the annotation, not this block)
-        if record.health not in WORKER_HEALTH:
-            raise ResourceError(f"record.health must be one of {sorted(WORKER_HEALTH, key=repr)!r}, got {record.health!r}")
-        # <<< generated
+        check.one_of("record.health", record.health, WORKER_HEALTH, exc=ResourceError)  # generated #f6ba681bf2
         with self._write(event) as conn:
             conn.execute("INSERT OR REPLACE INTO workers VALUES (?, ?, ?, ?, ?, ?, ?)",
                          (record.id, record.owner, record.rank, record.hw, json.dumps(list(record.devices)),
@@ -433,10 +390,7 @@ class SqliteMetadataStore:
         """Insert or replace a service row."""
         # deps: none
         # VAL: VAL_ONE_OF(record.health, choices=SERVICE_HEALTH, exc=ResourceError)
-        # >>> generated VAL_ONE_OF #9647c9d2d4 (edit the annotation, not this block)
-        if record.health not in SERVICE_HEALTH:
-            raise ResourceError(f"record.health must be one of {sorted(SERVICE_HEALTH, key=repr)!r}, got {record.health!r}")
-        # <<< generated
+        check.one_of("record.health", record.health, SERVICE_HEALTH, exc=ResourceError)  # generated #4cdad7067c
         with self._write(event) as conn:
             conn.execute("INSERT OR REPLACE INTO services VALUES (?, ?, ?, ?, ?)",
                          (record.name, record.url, record.owner, record.health, record.last_error))
@@ -452,10 +406,7 @@ class SqliteMetadataStore:
         """Append to the event log; payload must be JSON-serialisable."""
         # deps: none
         # VAL: VAL_NON_EMPTY(kind, exc=ResourceError)
-        # >>> generated VAL_NON_EMPTY #023f6e95e2 (edit the annotation, not this block)
-        if len(kind) == 0:
-            raise ResourceError(f"kind must not be empty, got {kind!r}")
-        # <<< generated
+        check.non_empty("kind", kind, exc=ResourceError)  # generated #73471c46a6
         draft = EventDraft(kind, payload, at)
         with self._write():
             seq = self._insert_event(draft)
@@ -489,10 +440,7 @@ def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
     """Bring a database to the target schema version, one migration per transaction; returns the version."""
     # deps: MIGRATIONS
     # VAL: VAL_INT_RANGE(target, min=1, max=SCHEMA_VERSION, exc=ResourceError)
-    # >>> generated VAL_INT_RANGE #4fa105dc8e (edit the annotation, not this block)
-    if isinstance(target, bool) or not isinstance(target, int) or not (1 <= target <= SCHEMA_VERSION):
-        raise ResourceError(f"target must be an integer in [{ 1 }, { SCHEMA_VERSION }], got {target!r}")
-    # <<< generated
+    check.int_range("target", target, min=1, max=SCHEMA_VERSION, exc=ResourceError)  # generated #fc658e50cc
     current = conn.execute("PRAGMA user_version").fetchone()[0]
     if current > SCHEMA_VERSION:
         raise ResourceError(f"store schema version {current} is newer than this code supports ({SCHEMA_VERSION}); "

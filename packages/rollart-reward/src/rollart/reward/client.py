@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from rollart.env.trajectory import Trajectory
+from rollart.resource import checks as check
 from rollart.reward.errors import RewardError, RewardRequestError, RewardTimeoutError
 from rollart.reward.protocol import RewardResult
 
@@ -43,20 +44,11 @@ class RewardClient:
     ) -> None:
         """`timeout_s` bounds one HTTP attempt; the per-call `deadline_s` bounds the whole batch."""
         # AST: AST_PRECONDITION(base_url.startswith(("http://", "https://")), got=base_url, msg="base_url is http(s)", exc=RewardError)
-        # >>> generated AST_PRECONDITION #81868351f2 (edit the annotation, not this block)
-        if not (base_url.startswith(('http://', 'https://'))):
-            raise RewardError(f"Pre-condition: base_url is http(s), got {base_url!r}")
-        # <<< generated
+        check.precondition(base_url.startswith(("http://", "https://")), "base_url is http(s)", got=base_url, exc=RewardError)  # generated #8ed6e1e28a
         # VAL: VAL_TIMEOUT(timeout_s, exc=RewardError)
-        # >>> generated VAL_TIMEOUT #eddc96cf95 (edit the annotation, not this block)
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (timeout_s - timeout_s == 0) or not timeout_s > 0:
-            raise RewardError(f"timeout_s must be a finite timeout > 0 seconds, got {timeout_s!r}")
-        # <<< generated
+        check.timeout("timeout_s", timeout_s, exc=RewardError)  # generated #cc70f04010
         # VAL: VAL_INT_RANGE(max_attempts, min=1, max=1000, exc=RewardError)
-        # >>> generated VAL_INT_RANGE #cf6c46906d (edit the annotation, not this block)
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not (1 <= max_attempts <= 1000):
-            raise RewardError(f"max_attempts must be an integer in [{ 1 }, { 1000 }], got {max_attempts!r}")
-        # <<< generated
+        check.int_range("max_attempts", max_attempts, min=1, max=1000, exc=RewardError)  # generated #748f286745
         self.base_url = base_url.rstrip("/")
         self.token = token
         self.timeout_s = timeout_s
@@ -76,20 +68,12 @@ class RewardClient:
         """Score every trajectory (results in input order) or raise by the deadline."""
         # deps: idempotency_key, RewardClient._post
         # VAL: VAL_TIMEOUT(deadline_s, exc=RewardError)
-        # >>> generated VAL_TIMEOUT #a1f84248b1 (edit the annotation, not this block)
-        if isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float)) or not (deadline_s - deadline_s == 0) or not deadline_s > 0:
-            raise RewardError(f"deadline_s must be a finite timeout > 0 seconds, got {deadline_s!r}")
-        # <<< generated
+        check.timeout("deadline_s", deadline_s, exc=RewardError)  # generated #4682918efd
         loop = asyncio.get_running_loop()
         deadline = loop.time() + deadline_s
         keys = [idempotency_key(reward, t) for t in trajectories]
         # VAL: VAL_UNIQUE(keys, exc=RewardError)
-        # >>> generated VAL_UNIQUE #25263f2597 (edit the annotation, not this block)
-        _val_seen: set = set()
-        _val_dups = [_val_item for _val_item in keys if _val_item in _val_seen or _val_seen.add(_val_item)]
-        if _val_dups:
-            raise RewardError(f"keys must have unique elements, duplicates {_val_dups!r} in {keys!r}")
-        # <<< generated
+        check.unique("keys", keys, exc=RewardError)  # generated #7b03952c54
         pending = dict(zip(keys, trajectories))
         done: dict[str, RewardResult] = {}
         last_problem = "no attempt made"

@@ -13,6 +13,7 @@ import logging
 import re
 
 from rollart.env.trajectory import Trajectory
+from rollart.resource import checks as check
 from rollart.reward.errors import RewardError
 from rollart.reward.protocol import RewardResult
 
@@ -45,10 +46,7 @@ class MathAnswerReward:
     def __init__(self, name: str = "math", truth_key: str = "ground_truth") -> None:
         """`truth_key` names the ground-truth entry the environment put in the reset info."""
         # VAL: VAL_NON_EMPTY(name, exc=RewardError)
-        # >>> generated VAL_NON_EMPTY #f37c2695dd (edit the annotation, not this block)
-        if len(name) == 0:
-            raise RewardError(f"name must not be empty, got {name!r}")
-        # <<< generated
+        check.non_empty("name", name, exc=RewardError)  # generated #87b045a1cf
         self.name = name
         self.truth_key = truth_key
         # math-verify warns on every call that its signal timeouts are off (they are, on purpose: D4)
@@ -73,10 +71,7 @@ class FormatReward:
     def __init__(self, pattern: str = r"<answer>.*?</answer>", name: str = "format") -> None:
         """Compile `pattern` (DOTALL)."""
         # VAL: VAL_NON_EMPTY(pattern, exc=RewardError)
-        # >>> generated VAL_NON_EMPTY #945ff00e5e (edit the annotation, not this block)
-        if len(pattern) == 0:
-            raise RewardError(f"pattern must not be empty, got {pattern!r}")
-        # <<< generated
+        check.non_empty("pattern", pattern, exc=RewardError)  # generated #81150dcb6c
         self.name = name
         self.pattern = re.compile(pattern, re.DOTALL)
 
@@ -106,10 +101,7 @@ class WeightedSum:
     def __init__(self, parts: list[tuple[float, object]], name: str = "weighted") -> None:
         """`parts` is a list of (weight, reward function)."""
         # VAL: VAL_NON_EMPTY(parts, exc=RewardError)
-        # >>> generated VAL_NON_EMPTY #99cbf3f829 (edit the annotation, not this block)
-        if len(parts) == 0:
-            raise RewardError(f"parts must not be empty, got {parts!r}")
-        # <<< generated
+        check.non_empty("parts", parts, exc=RewardError)  # generated #3612569066
         self.name = name
         self.parts = parts
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rollart.env.trajectory import Trajectory
+from rollart.resource import checks as check
 from rollart.scheduler.adapters import trajectories_to_samples
 from rollart.scheduler.buffer import ABORTED, SampleBuffer, oldest_version
 from rollart.scheduler.checkpoint import Checkpointer
@@ -196,10 +197,7 @@ class Pipeline:
     async def run(self, iterations: int, on_iteration: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
         """Run iterations, writing metrics and a checkpoint after each."""
         # VAL: VAL_INT_RANGE(iterations, min=1, max=10_000_000, exc=SchedulerError)
-        # >>> generated VAL_INT_RANGE #f180240439 (edit the annotation, not this block)
-        if isinstance(iterations, bool) or not isinstance(iterations, int) or not (1 <= iterations <= 10000000):
-            raise SchedulerError(f"iterations must be an integer in [{ 1 }, { 10000000 }], got {iterations!r}")
-        # <<< generated
+        check.int_range("iterations", iterations, min=1, max=10_000_000, exc=SchedulerError)  # generated #73393b3f0b
         await self.parts.rollout.start()
         out = []
         while self.iteration < iterations:

@@ -11,6 +11,7 @@ import json
 import re
 from importlib import resources
 
+from rollart.env import checks as check
 from rollart.env.envs.sandbox import PythonSandbox, SandboxLimits
 from rollart.env.errors import EnvError
 from rollart.env.protocols import ResetResult, StepResult
@@ -53,10 +54,7 @@ class CodeSandboxEnv:
     def __init__(self, limits: SandboxLimits | None = None, max_attempts: int = 2) -> None:
         """Load the shipped tasks; every run uses a fresh sandbox process under `limits`."""
         # VAL: VAL_INT_RANGE(max_attempts, min=1, max=100, exc=EnvError)
-        # >>> generated VAL_INT_RANGE #db0e79940c (edit the annotation, not this block)
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not (1 <= max_attempts <= 100):
-            raise EnvError(f"max_attempts must be an integer in [{ 1 }, { 100 }], got {max_attempts!r}")
-        # <<< generated
+        check.int_range("max_attempts", max_attempts, min=1, max=100, exc=EnvError)  # generated #a45e7ff5a7
         self.name = "code_sandbox"
         self.system_prompt = SYSTEM_PROMPT
         self.sandbox = PythonSandbox(limits or SandboxLimits())
@@ -74,10 +72,7 @@ class CodeSandboxEnv:
     async def step(self, action: str) -> StepResult:
         """Run the code block against the tests; reward = fraction passed."""
         # AST: AST_PRECONDITION(self._task is not None, got=self._task, msg="reset before step", exc=EnvError)
-        # >>> generated AST_PRECONDITION #75dfb1a533 (edit the annotation, not this block)
-        if not (self._task is not None):
-            raise EnvError(f"Pre-condition: reset before step, got {self._task!r}")
-        # <<< generated
+        check.precondition(self._task is not None, "reset before step", got=self._task, exc=EnvError)  # generated #b0c8eb163c
         self._attempts += 1
         out_of_attempts = self._attempts >= self.max_attempts
         code = extract_code(action)
