@@ -10,6 +10,7 @@ history drifts (merges across turn boundaries) and silently corrupts log-prob ra
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import random
 import uuid
@@ -18,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Protocol, TypeVar
 
 from rollart.env import checks as check
-from rollart.env.errors import EnvCrashedError, EnvError, EnvTimeoutError, LLMCallError
+from rollart.env.errors import EnvCrashedError, EnvError, EnvProtocolError, EnvTimeoutError, LLMCallError
 from rollart.env.protocols import (
     FINISH_REASONS,
     Env,
@@ -28,6 +29,7 @@ from rollart.env.protocols import (
     PromptBuilder,
     SamplingParams,
     TrajectorySink,
+    protocol_problems,
 )
 from rollart.env.retry import RetryPolicy, call_with_retries
 from rollart.env.trajectory import ALLOWED_TRANSITIONS, Trajectory, TrajectoryStatus, Turn
@@ -111,9 +113,27 @@ class EnvManager:
         name: str = "env-0",
         tag: str = "default",
     ) -> None:
-        """Create the manager; the environment itself is created lazily (and re-created after a crash)."""
+        """Create the manager and check its parts against their protocols, so a sync `step` or a
+        missing prompt method fails here with EnvProtocolError instead of failing every trajectory.
+
+        When `env_factory` is a class its methods are checked; otherwise it is called once now and
+        that environment serves the first trajectory (a factory that raises is left to run time,
+        where it counts as an env crash as before). Later environments are re-created lazily.
+        """
         # VAL: VAL_NON_EMPTY(name, exc=EnvError)
         check.non_empty("name", name, exc=EnvError)  # generated #2b3c116a0c
+        first_env = None
+        if not inspect.isclass(env_factory):
+            try:
+                first_env = env_factory()
+            except Exception:  # noqa: BLE001 - a failing factory is an env crash, reported per trajectory
+                log.warning("env factory of %s failed at construction; it is retried per trajectory", name, exc_info=True)
+        env_probe = env_factory if inspect.isclass(env_factory) else first_env
+        problems = [*(protocol_problems(env_probe, Env) if env_probe is not None else []),
+                    *protocol_problems(prompts, PromptBuilder), *protocol_problems(llm, LLMClient),
+                    *protocol_problems(sink, TrajectorySink)]
+        # AST: AST_PRECONDITION(not problems, got=problems, msg="the parts of an EnvManager follow their protocols", exc=EnvProtocolError)
+        check.precondition(not problems, "the parts of an EnvManager follow their protocols", got=problems, exc=EnvProtocolError)  # generated #739851214b
         self.env_factory = env_factory
         self.llm = llm
         self.prompts = prompts
@@ -124,7 +144,7 @@ class EnvManager:
         self.counters = EnvCounters()
         self.turn_barrier: TurnBarrier | None = None
         self._rng = random.Random(self.config.seed)
-        self._env: Env | None = None
+        self._env: Env | None = first_env
         self._env_needs_restart = False
         self._current: Trajectory | None = None
         self._task: asyncio.Task | None = None

@@ -7,6 +7,7 @@ to `TrajectorySink`, so both sides can be tested alone.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -108,3 +109,30 @@ class PromptBuilder(Protocol):
     def continuation_ids(self, previous_response_ids: list[int], observation: str) -> list[int]: ...
 
     def decode(self, token_ids: list[int]) -> str: ...
+
+
+def protocol_problems(obj: Any, protocol: type) -> list[str]:
+    """What `obj` (an instance, or a class when no instance exists yet) lacks of `protocol`.
+
+    Why not `isinstance(obj, protocol)`: a runtime-checkable Protocol only checks that the names
+    exist, so a `def step` where `async def step` is required passes and every trajectory then
+    fails at run time. This names each missing method, each plain function where a coroutine
+    function is required (and the reverse), and, for an instance, each missing attribute.
+    """
+    owner = obj.__name__ if inspect.isclass(obj) else type(obj).__name__
+    problems = []
+    for name, spec in vars(protocol).items():
+        if name.startswith("_") or not inspect.isfunction(spec):
+            continue
+        member = getattr(obj, name, None)
+        if member is None or not callable(member):
+            problems.append(f"{owner}.{name} is missing (the {protocol.__name__} protocol needs it)")
+        elif inspect.iscoroutinefunction(spec) and not inspect.iscoroutinefunction(member):
+            problems.append(f"{owner}.{name} must be `async def`, it is a plain function")
+        elif not inspect.iscoroutinefunction(spec) and inspect.iscoroutinefunction(member):
+            problems.append(f"{owner}.{name} must be a plain function, it is `async def`")
+    if not inspect.isclass(obj):
+        for name in getattr(protocol, "__annotations__", {}):
+            if not hasattr(obj, name):
+                problems.append(f"{owner}.{name} is missing (the {protocol.__name__} protocol needs it)")
+    return problems
