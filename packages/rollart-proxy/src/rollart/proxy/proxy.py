@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 ACTIVE, DRAINING, OFFLOADED, REMOVED = "active", "draining", "offloaded", "removed"
 SLOT_STATES = (ACTIVE, DRAINING, OFFLOADED, REMOVED)
+log = logging.getLogger(__name__)
 EventHook = Callable[[str, dict[str, Any]], None]
 
 
@@ -227,6 +229,7 @@ class LLMProxy:
         return len(self._tracks)
 
     def _emit(self, kind: str, **data: Any) -> None:
+        log.info("%s %s", kind, data)
         if self._on_event is not None:
             self._on_event(kind, data)
 
@@ -368,8 +371,8 @@ class LLMProxy:
     async def _abort_on(self, slot: WorkerSlot, request_id: str) -> None:
         try:
             await slot.handle.abort(request_id)
-        except Exception:  # the worker may be gone; the request is answered by its coroutine anyway
-            pass
+        except Exception as exc:  # the worker may be gone; the request is answered by its coroutine anyway
+            log.debug("abort of %s on worker %d failed: %r", request_id, slot.rank, exc)
 
     # ---- control --------------------------------------------------------------------------------
 
@@ -493,6 +496,8 @@ class LLMProxy:
                 return  # another request already handled this failure
             slot.incarnation += 1
             self.counters["failures"] += 1
+            log.warning("worker %d (%s) failed (failure %d of this proxy); restarts used %d of %d", slot.rank,
+                        slot.handle.worker_id, self.counters["failures"], slot.restarts, self._max_restarts)
             if slot.restarts < self._max_restarts:
                 slot.restarts += 1
                 slot.state = DRAINING
@@ -506,18 +511,20 @@ class LLMProxy:
                     if self._resumed.is_set():  # a resume() that ran during the restart skipped this slot
                         await slot.handle.resume()
                     self._emit("worker_restarted", rank=slot.rank)
+                    log.info("worker %d restarted on devices %s", slot.rank, list(slot.devices))
                     self._notify()
                     return
-                except Exception:
-                    pass  # a failed restart removes the worker
+                except Exception:  # a failed restart removes the worker
+                    log.exception("worker %d: restart failed; removing it from the pool", slot.rank)
             slot.state = REMOVED
             self.counters["removed"] += 1
             self._emit("worker_removed", rank=slot.rank)
+            log.warning("worker %d removed; %d active workers left", slot.rank, len(self.active_ranks()))
             self._notify()
             try:
                 await slot.handle.stop()
             except Exception:
-                pass
+                log.exception("worker %d: stop after removal failed", slot.rank)
 
     async def close(self) -> None:
         """Stop every worker; requests still in flight are answered at once as aborted ("proxy closed").

@@ -11,6 +11,7 @@ dead creates a new one with the same options, so it lands on the same placement-
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,8 @@ from rollart.proxy.errors import ProxyError, ProxyTimeoutError, WorkerFailedErro
 from rollart.proxy.types import EngineOutput, EngineRequest
 from rollart.proxy.worker import InferenceWorker, WorkerStats
 from rollart.resource import checks as check
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import torch
@@ -141,8 +144,8 @@ class RayWorkerHandle:
         except WorkerFailedError:
             try:
                 ray.kill(self._actor, no_restart=True)
-            except Exception:  # already gone
-                pass
+            except Exception as exc:  # already gone
+                log.debug("worker %s: kill before restart: %r", self.worker_id, exc)
             self._actor = self._make_actor()
             await self._remote("start")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -24,6 +25,8 @@ from rollart.proxy.types import (
     EngineRequest,
 )
 from rollart.resource import checks as check
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import torch
@@ -294,6 +297,8 @@ class InferenceWorker:
                 cmd.reply.set_exception(exc)
 
     def _on_failure(self, exc: BaseException) -> None:
+        log.error("worker %s: engine step failed, handing back %d requests", self.worker_id, len(self._pending),
+                  exc_info=exc)
         self._failure = exc
         self._state = WorkerState.FAILED
         self._hand_back_all(FINISH_WORKER_FAILED)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,8 @@ from rollart.resource.runtime import LocalRuntime, WorkerContext, WorkerRuntime
 from rollart.resource.serverless import ServerlessClient, redact_url
 from rollart.resource.store import WorkerRecord
 from rollart.resource.worker import Worker
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Cluster"]
 
@@ -339,11 +342,13 @@ class Cluster:
                     self._report(member, "alive")
                     return "restarted"
                 except Exception as exc:  # the restart failed: remove instead
+                    log.error("worker %s/%d: restart failed, removing it", self._name, member.rank, exc_info=exc)
                     self._manager.record_event("worker_restart_failed", {"worker": f"{self._name}/{member.rank}",
                                                                          "error": f"{type(exc).__name__}: {exc}"})
             try:
                 await self._runtime.remove(member.handle)
             except Exception as exc:
+                log.error("worker %s/%d: remove failed", self._name, member.rank, exc_info=exc)
                 self._manager.record_event("worker_remove_failed", {"worker": f"{self._name}/{member.rank}",
                                                                     "error": f"{type(exc).__name__}: {exc}"})
             del self._members[member.rank]

@@ -18,6 +18,7 @@ import contextlib
 import hmac
 import importlib
 import json
+import logging
 import math
 import os
 import uuid
@@ -35,6 +36,8 @@ from rollart.reward.cache import ResultCache
 from rollart.reward.errors import RewardError
 from rollart.reward.protocol import RewardFn, RewardRegistry
 from rollart.reward.rules import EnvSuccessReward, FormatReward, MathAnswerReward
+
+log = logging.getLogger(__name__)
 
 CONFIG_ENV = "ROLLART_REWARD_CONFIG"
 
@@ -243,6 +246,7 @@ async def score_item(fn: RewardFn, cache: ResultCache, item: ScoreItem, timeout_
         await asyncio.to_thread(cache.release, item.key)
         return ItemResult(key=item.key, status="timeout", error=f"reward did not finish within {timeout_s:.3g} s")
     except Exception as exc:
+        log.warning("reward %s failed on %s", fn.name, item.key, exc_info=exc)
         await asyncio.to_thread(cache.release, item.key)
         return ItemResult(key=item.key, status="error", error=f"{type(exc).__name__}: {exc}"[:500])
     await asyncio.to_thread(cache.complete, item.key, float(result.score), result.details)

@@ -12,10 +12,13 @@ import asyncio
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from rollart.resource import checks as check
 from rollart.scheduler.errors import SchedulerError, SchedulerTimeout
+
+if TYPE_CHECKING:
+    from rollart.scheduler.config import RunConfig
 
 BUFFERED = "buffered"
 CONSUMED = "consumed"
@@ -118,6 +121,16 @@ class SampleBuffer:
         self._by_version: list[_Entry] = []  # every open group, lazily invalidated (D20)
         self._ready: dict[str | None, list[_Entry]] = {}  # complete groups per task (None: unbalanced)
         self._buffered = 0
+        self._observers: list[Callable[[BufferedTrajectory], None]] = []
+
+    @classmethod
+    def from_config(cls, config: RunConfig, tasks: Sequence[str] = (), version: int = 0) -> SampleBuffer:
+        """The buffer a run config asks for: its pipeline's alpha and group size (what `Pipeline` checks)."""
+        return cls(alpha=config.pipeline.alpha, group_size=config.pipeline.group_size, version=version, tasks=tasks)
+
+    def observe(self, callback: Callable[[BufferedTrajectory], None]) -> None:
+        """Call `callback(trajectory)` for every trajectory put, before it is accounted (kept or not)."""
+        self._observers.append(callback)
 
     @property
     def version(self) -> int:
@@ -175,6 +188,8 @@ class SampleBuffer:
         # deps: oldest_version, SampleBuffer._abort_group
         # AST: AST_PRECONDITION(trajectory.id not in self._records, got=trajectory.id, msg="a trajectory is put at most once", exc=SchedulerError)
         check.precondition(trajectory.id not in self._records, "a trajectory is put at most once", got=trajectory.id, exc=SchedulerError)  # generated #cc18eb38ec
+        for observe in self._observers:
+            observe(trajectory)
         gid = trajectory.group_id or trajectory.id
         version = oldest_version(trajectory)
         record = TrajectoryRecord(group_id=gid, state=BUFFERED, oldest_version=version)

@@ -11,6 +11,7 @@ trajectory with the reason (the buffer records it as aborted, so it is never cou
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,6 +19,8 @@ from typing import Any
 from rollart.env.trajectory import Trajectory, TrajectoryStatus
 from rollart.resource import checks as check
 from rollart.scheduler.errors import SchedulerError
+
+log = logging.getLogger(__name__)
 
 Scorer = Callable[[Trajectory], Awaitable[float]]
 
@@ -84,6 +87,7 @@ class ScoringSink:
             self._fail(trajectory, f"reward timed out after {self.deadline_s:.3g} s")
             return
         except Exception as err:  # noqa: BLE001 - any scorer failure becomes a failed trajectory
+            log.warning("reward of trajectory %s failed: %s: %s", trajectory.id, type(err).__name__, err)
             self._pending.pop(trajectory.id, None)
             self._fail(trajectory, f"reward failed: {type(err).__name__}: {err}"[:500])
             return

@@ -10,6 +10,7 @@ every get_batch regardless, kept as the baseline the benchmark compares against.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 from rollart.resource import checks as check
 from rollart.scheduler.errors import SchedulerError, SchedulerTimeout
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -209,6 +212,7 @@ class TimeSharingController:
         before = list(self.pool.rollout_devices())
         decision = self.policy.decide(self.state())
         lent = list(decision.devices)
+        log.info("train step: lend %s to training (%s)", lent, decision.reason)
         record = SwitchRecord(tuple(lent), decision.reason, expected_gain_s=decision.expected_gain_s)
         try:
             if lent:

@@ -8,6 +8,7 @@ this package never imports rollart-proxy).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -19,6 +20,8 @@ from rollart.sync.bucket import NamedTensors
 from rollart.sync.channel import DEFAULT_TIMEOUT_S, PublishHandle, WeightChannel
 from rollart.sync.errors import StaleVersionError, SyncError, SyncTimeoutError, SyncValidationError
 from rollart.sync.versioning import LATEST, VersionLedger, VersionSpec
+
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -121,6 +124,7 @@ class ModelUpdateGroup:
                 ) from error
             # AST: AST_POSTCONDITION(self._all_hold(snapshot.version), got=self.worker_versions(), msg="every worker holds the fetched version or newer")
             check.postcondition(self._all_hold(snapshot.version), "every worker holds the fetched version or newer", got_lazy=lambda: self.worker_versions())  # generated #d7c783353e
+        log.info("version %d loaded into workers %s (skipped %s)", snapshot.version, targets, list(skipped))
         return UpdateReport(version=snapshot.version, applied=tuple(targets), skipped=skipped, attempts=snapshot.attempts)
 
     async def model_update(self, named_tensors: NamedTensors, version: int, timeout: float | None = None) -> UpdateReport:

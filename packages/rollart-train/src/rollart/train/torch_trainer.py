@@ -9,6 +9,7 @@ overrides only the forward and the weight export.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 from collections import defaultdict
@@ -22,6 +23,8 @@ from rollart.resource import checks as check
 from rollart.train.batch import TrainBatch
 from rollart.train.errors import TrainError
 from rollart.train.losses import LossConfig, policy_loss, token_log_probs
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_FORMATS = (1,)
 
@@ -221,6 +224,7 @@ class TorchTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self._version += 1
         metrics["version"] = float(self._version)
+        log.debug("train step -> version %d: %s", self._version, metrics)
         return metrics
 
     def _data_parallel_gradients(self, shard: TrainBatch) -> dict[str, float]:
