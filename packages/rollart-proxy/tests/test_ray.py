@@ -82,3 +82,31 @@ async def test_ray_actor_crash_restarts_and_requests_complete(ray_cluster, tiny_
     assert [r.token_ids for r in out] == expected
     assert counters["failures"] == 1 and counters["finished"] == 4
     assert slot_states[0] == (ACTIVE, 1)
+
+
+async def test_ray_health_check_restarts_a_killed_idle_actor(ray_cluster):
+    """Issue 12 item 8: a killed actor with nothing in flight is found by the health check (before the fix it
+    stayed ACTIVE until a request failed on it)."""
+    from rollart.proxy.ray_worker import RayWorkerHandle
+    from rollart.proxy.sim_engine import QWEN3_8B, SimEngine, lookup_hardware
+
+    factory = partial(SimEngine, QWEN3_8B, lookup_hardware("H20"))
+    handles = [await RayWorkerHandle.create(f"idle{i}", factory, hardware="H20", devices=(i,),
+                                            actor_options={"resources": {"H20": 1}}) for i in range(2)]
+    events = []
+    proxy = LLMProxy(handles, health_check_interval_s=0.5, health_check_timeout_s=20.0,
+                     on_event=lambda kind, data: events.append(kind))
+    try:
+        handles[0].kill()
+        for _ in range(600):  # bounded: ~60 s
+            if proxy.slots[0].restarts == 1 and proxy.slots[0].state == ACTIVE:
+                break
+            await asyncio.sleep(0.1)
+        assert [(s.state, s.restarts) for s in proxy.slots] == [(ACTIVE, 1), (ACTIVE, 0)]
+        assert proxy.counters["failures"] == 1 and proxy.counters["submitted"] == 0  # no request was needed
+        assert "health_check_failed" in events and "worker_restarted" in events
+        assert await proxy.check_health() == {0: "ok", 1: "ok"}  # the new actor answers
+        out = await asyncio.wait_for(proxy.generate(GenerateRequest((5, 6, 7), SamplingParams(max_tokens=4))), 60)
+        assert out.finish_reason == "length"
+    finally:
+        await proxy.close()

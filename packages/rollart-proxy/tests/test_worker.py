@@ -153,3 +153,56 @@ def test_command_waits_have_a_deadline():
     run_virtual(go())
     with pytest.raises(ProxyError, match="command_timeout_s must be a finite timeout"):
         InferenceWorker("w", lambda: None, command_timeout_s=0)
+
+
+class _StalledEngine(TorchEngine):
+    """A real TorchEngine whose ``has_work`` over-approximates (as any engine's may, D26): it says
+    yes while its only request waits for a weight update, and counts the steps the loop asks for."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.step_calls = 0
+        self.blocked = True
+
+    def has_work(self) -> bool:
+        return self.blocked or super().has_work()
+
+    async def step(self):
+        self.step_calls += 1
+        if self.blocked:
+            return []
+        return await super().step()
+
+
+async def test_idle_worker_waits_instead_of_spinning(tiny_model_path):
+    engine = _StalledEngine(TorchEngine.from_pretrained(tiny_model_path).model)
+    worker = InferenceWorker("w", lambda: engine)
+    await worker.start()
+    await asyncio.sleep(0.5)
+    spun = engine.step_calls
+    assert spun <= 20, f"{spun} empty steps in 0.5 s"
+    engine.blocked = False  # the engine can progress again: a command wakes the loop
+    prompt = tuple(prompts_of_mixed_lengths(1, seed=2)[0])
+    out = await asyncio.wait_for(worker.submit(EngineRequest("a", prompt, GREEDY)), 10)
+    await worker.stop()
+    assert len(out.token_ids) == GREEDY.max_tokens and out.finish_reason == "length"
+
+
+async def test_weight_update_through_worker_readmits_and_finishes(tiny_model_path):
+    """Issue 13 item 2 end to end: the resumed request fits its KV budget and finishes."""
+    model = TorchEngine.from_pretrained(tiny_model_path).model
+    worker = InferenceWorker("w", lambda: TorchEngine(model, max_kv_tokens=64))
+    await worker.start()
+    fut = worker.submit(EngineRequest("r", tuple(range(10, 20)), SamplingParams(max_tokens=50, temperature=0)))
+    for _ in range(10_000):
+        if worker.stats().steps >= 11:
+            break
+        await asyncio.sleep(0.001)
+    await worker.suspend()
+    await worker.load_weights({}, version=1)
+    await worker.resume()
+    out = await asyncio.wait_for(fut, 20)
+    steps = worker.stats().steps
+    await worker.stop()
+    assert len(out.token_ids) == 50 and out.token_versions[-1] == 1
+    assert steps <= 60, f"{steps} steps for 50 tokens"

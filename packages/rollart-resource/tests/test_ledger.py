@@ -197,6 +197,7 @@ async def test_crash_recovery_each_point(tmp_path, crash_before):
     crashing.add_transition_hook(RecordingHook())
     with pytest.raises(SimulatedCrash):
         await crashing.shrink("rollout", "train", [4, 5])
+    crashing.close()  # the process died: the kernel drops its controller lock (one controller per store, Step 14)
     # restart: a new manager on the same file
     restarted = ResourceManager(None, store=path)
     hook = RecordingHook()
@@ -227,6 +228,7 @@ async def test_crash_in_hook_recovers(tmp_path, crash_in):
     rm.add_transition_hook(RecordingHook(crash_in=crash_in))
     with pytest.raises(SimulatedCrash):
         await rm.shrink("rollout", "train", [6])
+    rm.close()  # the process died: the kernel drops its controller lock (one controller per store, Step 14)
     restarted = ResourceManager(None, store=path)
     hook = RecordingHook()
     restarted.add_transition_hook(hook)

@@ -135,3 +135,33 @@ async def test_ray_placement_timeout_is_all_or_nothing(ray_rt, ray_cluster):
     assert len(ours) == 6 and all(pg["state"] == "REMOVED" for pg in ours.values())
     cluster = await Cluster.create(rm, Probe, role="train", hw="H800", num_workers=4, runtime=ray_rt, timeout=60)
     await cluster.shutdown()
+
+
+class RayStuck(Worker):
+    @register(mode="execute_all")
+    async def hang(self):
+        import asyncio
+
+        await asyncio.Event().wait()
+
+    @register(mode="execute_all")
+    def where(self):
+        return self.rank
+
+
+async def test_ray_call_that_never_returns_ends_at_its_deadline(ray_rt):
+    """Issue 12 item 8: a real Ray actor method that never returns ends with CallTimeout, not a hang."""
+    import asyncio
+
+    from rollart.resource.errors import CallTimeout
+
+    rm = ResourceManager({"H20": range(4, 8)})
+    cluster = await Cluster.create(rm, RayStuck, role="rollout", hw="H20", num_workers=1, runtime=ray_rt,
+                                   name="raystuck", call_timeout=2.0)
+    try:
+        with pytest.raises(CallTimeout, match=r"raystuck/0: call 'hang' did not return within its deadline of 2 s"):
+            await asyncio.wait_for(cluster.hang(), 60)  # generous outer bound: before the fix this never returns
+        assert await asyncio.wait_for(cluster.where(), 60) == [0]  # the actor still serves (cancelled task)
+        assert await cluster.check_health() == {0: "ok"}
+    finally:
+        await cluster.shutdown()

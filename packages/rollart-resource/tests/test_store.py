@@ -30,7 +30,7 @@ def test_migration_v1_to_v2_keeps_rows(tmp_path):
     conn.execute("INSERT INTO events (kind, payload, at) VALUES ('old', '{}', 1.5)")
     conn.close()
     store = SqliteMetadataStore(path)
-    assert store.schema_version() == SCHEMA_VERSION == 2
+    assert store.schema_version() == SCHEMA_VERSION
     assert store.devices() == {0: DeviceRecord(0, "H800", "train", "trainer")}
     assert [e.kind for e in store.events()] == ["old"]
     store.put_worker(WorkerRecord("trainer/0", "trainer", 0, "H800", (0,), "alive", 0))
@@ -43,7 +43,7 @@ def test_migration_v1_to_v2_keeps_rows(tmp_path):
     with pytest.raises(ResourceError, match="schema version 99 is newer"):
         SqliteMetadataStore(path)
     with pytest.raises(ResourceError, match="target must be an integer in"):
-        migrate(sqlite3.connect(":memory:"), target=3)
+        migrate(sqlite3.connect(":memory:"), target=SCHEMA_VERSION + 1)
 
 
 def test_wal_mode(tmp_path):
@@ -78,6 +78,7 @@ async def test_restart_restores_exact_state(tmp_path):
     rm.close()
     reopened = ResourceManager(None, store=path)
     assert reopened.store.snapshot() == before
+    reopened.close()  # one controller per store (Step 14): the next one opens after this one closed
     assert ResourceManager(POOL, store=path).store.snapshot() == before
     assert before.services[0].health == "unhealthy" and before.services[0].last_error == "connection refused"
     assert [w.health for w in before.workers] == ["alive", "dead"]

@@ -104,3 +104,23 @@ async def test_a_hand_built_pipeline_counts_tokens_shows_progress_and_draws_a_ti
     assert "2/2" in line and "traj 16" in line and "tok/s" in line and "v2" in line
     roles = {json.loads(x)["role"] for x in (tmp_path / "built" / "timeline.jsonl").read_text().splitlines()}
     assert {"rollout", "train"} <= roles
+
+
+async def test_metrics_carry_prefix_cache_fields(tmp_path):
+    """The rollout engines' prefix-cache hit rate, reused tokens and prefill share reach metrics.jsonl."""
+    from rollart.scheduler.metrics import engine_metrics
+
+    cfg = parse_config(tiny_config("async"))
+    pipe = await build_pipeline(cfg, tmp_path)
+    try:
+        await pipe.run(2)
+    finally:
+        await pipe.close()
+    recs = read_metrics(tmp_path)
+    for r in recs:
+        assert 0.0 < r["prefix_hit_rate"] <= 1.0  # FrozenLake's later turns extend their own context
+        assert r["prefix_reused_tokens"] > 0 and 0.0 < r["prefill_share"] < 1.0
+    # a rebuilt engine restarts its counters: those count from zero (prefill 1.0 s, decode +1.0 s), never negative
+    before = {"prefix_lookups": 10, "prefix_hits": 5, "prompt_tokens_reused": 50, "prefill_s": 2.0, "decode_s": 2.0}
+    after = {"prefix_lookups": 4, "prefix_hits": 3, "prompt_tokens_reused": 7, "prefill_s": 1.0, "decode_s": 3.0}
+    assert engine_metrics(before, after) == {"prefix_hit_rate": 0.75, "prefix_reused_tokens": 7, "prefill_share": 0.5}

@@ -22,12 +22,16 @@ async def test_ray_workers_two_iterations(ray_cluster, tmp_path):
     try:
         workers = [s.handle for s in pipe.parts.rollout.control.slots]
         assert all(type(w).__name__ == "RayWorkerHandle" for w in workers)
+        # the proxy's health check reaches inside each actor (a handle without probe would say no_probe)
+        assert set((await pipe.parts.proxy.check_health()).values()) == {"ok"}
         recs = await pipe.run(2)
         ledger = pipe.parts.controller.pool.ledger
         roles = {d: rec.role for d, rec in ledger.devices().items()}
     finally:
         await pipe.close()
     assert [r["version"] for r in recs] == [1, 2]
+    # the engines' prefix-cache counters come back from inside the actors
+    assert all(r["prefix_reused_tokens"] > 0 and 0.0 < r["prefix_hit_rate"] <= 1.0 for r in recs)
     assert all(r["lent_devices"] == 1 for r in recs)
     # after every train step the lent device is back in the rollout role in the ledger
     assert sorted(roles.values()) == ["rollout", "rollout", "train"]

@@ -38,6 +38,19 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+def cancelled_from_outside() -> bool:
+    """True when the running task itself is being cancelled (`Task.cancelling() > 0`).
+
+    Why: a `CancelledError` can also be *raised* by an env, an LLM client or a library they use,
+    without anyone cancelling the manager. Treating every `CancelledError` as a shutdown let one
+    env stop its manager's loop for good (issue 12: 6 of 8 managers stopped, 133 of 320 seeds never
+    ran). Only a cancellation requested on this task (by `cancel`, or by whoever owns the task) is
+    one; any other `CancelledError` is a fault of the callee.
+    """
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
 class TurnBarrier(Protocol):
     """A synchronisation point between turns; only the batch-level baseline (`EnvGroup`) sets one."""
 
@@ -186,13 +199,17 @@ class EnvManager:
         self.counters.started += 1
         try:
             status, reason = await self._rollout(traj, seed)
-        except asyncio.CancelledError:
-            if self._cancel_reason is None:
+        except asyncio.CancelledError as exc:
+            if not cancelled_from_outside():  # raised by a callee, not a cancel of this task
+                log.error("%s: a callee raised CancelledError without a cancel of the manager", self.name)
+                status, reason = TrajectoryStatus.FAILED, f"internal_error:{exc!r}"
+            elif self._cancel_reason is None:
                 self._end(traj, TrajectoryStatus.ABORTED, "cancelled:shutdown")
                 raise
-            if self._task is not None:
-                self._task.uncancel()
-            status, reason = TrajectoryStatus.ABORTED, f"cancelled:{self._cancel_reason}"
+            else:
+                if self._task is not None:
+                    self._task.uncancel()
+                status, reason = TrajectoryStatus.ABORTED, f"cancelled:{self._cancel_reason}"
         except EnvTimeoutError as exc:
             status, reason = TrajectoryStatus.FAILED, f"env_timeout:{exc}"
         except EnvCrashedError as exc:
@@ -325,8 +342,10 @@ class EnvManager:
             result = await call_with_retries(
                 lambda: self.llm.generate(request), self.config.llm_policy, self._rng, on_retry, retry_on_timeout=True
             )
-        except asyncio.CancelledError:
-            raise
+        except asyncio.CancelledError as exc:
+            if cancelled_from_outside():
+                raise
+            raise LLMCallError(f"generate raised CancelledError itself: {exc!r}") from exc
         except Exception as exc:
             raise LLMCallError(f"generate failed: {exc!r}") from exc
         # VAL: VAL_ONE_OF(result.finish_reason, choices=FINISH_REASONS, exc=LLMCallError)
@@ -348,8 +367,12 @@ class EnvManager:
 
         try:
             return await call_with_retries(fn, policy, self._rng, on_retry, retry_on_timeout=retry_on_timeout)
-        except asyncio.CancelledError:
-            raise
+        except asyncio.CancelledError as exc:
+            if cancelled_from_outside():
+                raise
+            self.counters.env_crashes += 1  # the env raised it: an env fault, not a shutdown
+            self._env_needs_restart = True
+            raise EnvCrashedError(f"{kind} raised CancelledError itself: {exc!r}") from exc
         except EnvTimeoutError:
             self.counters.env_timeouts += 1
             self._env_needs_restart = True
@@ -382,6 +405,9 @@ class EnvManager:
             await self._close_env(old)
         try:
             self._env = self.env_factory()
+        except asyncio.CancelledError as exc:  # a factory is synchronous: nobody cancelled anything
+            self.counters.env_crashes += 1
+            raise EnvCrashedError(f"env factory raised CancelledError: {exc!r}") from exc
         except Exception as exc:
             self.counters.env_crashes += 1
             raise EnvCrashedError(f"env factory failed: {exc!r}") from exc
@@ -392,6 +418,8 @@ class EnvManager:
         try:
             await asyncio.wait_for(env.close(), timeout=self.config.close_timeout_s)
         except asyncio.CancelledError:
-            raise
+            if cancelled_from_outside():
+                raise
+            log.warning("closing env of %s raised CancelledError itself", self.name)
         except Exception:
             log.warning("closing env of %s failed", self.name, exc_info=True)

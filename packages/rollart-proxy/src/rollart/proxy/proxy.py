@@ -5,6 +5,15 @@ A worker may hand the request back (``migrated`` on shrink, rebalance or offload
 ``worker_failed`` on a crash) with the tokens generated so far; the coroutine then resubmits the
 continuation elsewhere, so the new worker only recomputes the KV (ROLL regenerates the turn; we
 keep the tokens and their log-probs).
+
+Failure handling (design D22-D24): a failed worker is restarted on its device within a restart
+budget (``max_restarts`` per ``restart_window_s``, with exponential backoff between restarts of a
+slot); beyond it the worker is removed and, when the proxy has a ``worker_factory``, replaced in
+the background (rate-limited by the same budget). A periodic health check probes idle workers so a
+dead one is found before a request lands on it. When no worker can ever serve again (every slot
+removed, no restart, shrink or replacement under way) a request fails at once with
+``NoWorkerAvailableError`` instead of waiting out its deadline. Failed restarts and replacements
+are logged on the ``rollart.proxy.proxy`` logger.
 """
 
 from __future__ import annotations
@@ -12,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -37,8 +46,11 @@ if TYPE_CHECKING:
 
 ACTIVE, DRAINING, OFFLOADED, REMOVED = "active", "draining", "offloaded", "removed"
 SLOT_STATES = (ACTIVE, DRAINING, OFFLOADED, REMOVED)
-log = logging.getLogger(__name__)
 EventHook = Callable[[str, dict[str, Any]], None]
+WorkerFactory = Callable[[int], Awaitable[WorkerHandle]]
+"""Builds and starts a fresh worker for a rank whose worker was removed (its devices may differ)."""
+
+logger = logging.getLogger(__name__)
 
 
 class WeightSource(Protocol):
@@ -101,6 +113,9 @@ class WorkerSlot:
     incarnation: int = 0
     inflight: dict[str, int] = field(default_factory=_Inflight)  # request id -> outstanding tokens
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    restart_times: list[float] = field(default_factory=list)  # loop times of restarts in the budget window
+    replacement_times: list[float] = field(default_factory=list)  # loop times of replacement attempts
+    replacing: bool = False  # a replacement worker is being built right now
 
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
@@ -174,8 +189,20 @@ class LLMProxy:
         max_restarts: int = 1,
         version: int = 0,
         on_event: EventHook | None = None,
+        restart_window_s: float = 600.0,
+        restart_backoff_s: float = 1.0,
+        restart_backoff_max_s: float = 60.0,
+        worker_factory: WorkerFactory | None = None,
+        health_check_interval_s: float | None = 5.0,
+        health_check_timeout_s: float = 10.0,
     ) -> None:
-        """Wrap started workers; rank i is ``workers[i]`` for the life of the proxy."""
+        """Wrap started workers; rank i is ``workers[i]`` (or its replacement) for the life of the proxy.
+
+        ``max_restarts`` restarts per worker within any ``restart_window_s``, the k-th of them after
+        ``restart_backoff_s * 2**(k-2)`` s (capped by ``restart_backoff_max_s``; the first is immediate);
+        ``worker_factory(rank)`` replaces a removed worker; ``health_check_interval_s`` (None: off) probes
+        the active workers, each probe bounded by ``health_check_timeout_s``.
+        """
         # VAL: VAL_NON_EMPTY(workers, exc=ProxyError)
         check.non_empty("workers", workers, exc=ProxyError)  # generated #e7f9a85c95
         # VAL: VAL_UNIQUE([w.worker_id for w in workers], name="worker_id of workers", exc=ProxyError)
@@ -186,6 +213,17 @@ class LLMProxy:
         check.timeout("request_timeout_s", request_timeout_s, exc=ProxyError)  # generated #3e2edac7a9
         # VAL: VAL_INT_RANGE(max_restarts, min=0, max=100, exc=ProxyError)
         check.int_range("max_restarts", max_restarts, min=0, max=100, exc=ProxyError)  # generated #b77da567c2
+        # VAL: VAL_TIMEOUT(restart_window_s, exc=ProxyError)
+        check.timeout("restart_window_s", restart_window_s, exc=ProxyError)  # generated #5f7a5d1b5e
+        # VAL: VAL_NON_NEGATIVE(restart_backoff_s, exc=ProxyError)
+        check.non_negative("restart_backoff_s", restart_backoff_s, exc=ProxyError)  # generated #9d60a0e2bd
+        # VAL: VAL_NON_NEGATIVE(restart_backoff_max_s, exc=ProxyError)
+        check.non_negative("restart_backoff_max_s", restart_backoff_max_s, exc=ProxyError)  # generated #1070eb14ed
+        # VAL: VAL_TIMEOUT(health_check_timeout_s, exc=ProxyError)
+        check.timeout("health_check_timeout_s", health_check_timeout_s, exc=ProxyError)  # generated #00b5882b1a
+        if health_check_interval_s is not None:
+            # VAL: VAL_TIMEOUT(health_check_interval_s, exc=ProxyError)
+            check.timeout("health_check_interval_s", health_check_interval_s, exc=ProxyError)  # generated #1504daa75e
         self._slots = [WorkerSlot(rank, handle, version=version) for rank, handle in enumerate(workers)]
         self._router: RoutingPolicy = router if router is not None else AffinityRouter(affinity)
         self._capacity = max_inflight_per_worker
@@ -206,7 +244,22 @@ class LLMProxy:
         self._control = asyncio.Lock()
         self._ids = itertools.count()
         self._on_event = on_event
-        self.counters = {"submitted": 0, "finished": 0, "aborted": 0, "migrated": 0, "failures": 0, "removed": 0}
+        self._restart_window = float(restart_window_s)
+        self._backoff = float(restart_backoff_s)
+        self._backoff_max = float(restart_backoff_max_s)
+        self._worker_factory = worker_factory
+        self._health_interval = health_check_interval_s
+        self._health_timeout = float(health_check_timeout_s)
+        self._monitor: asyncio.Task | None = None
+        self._replacements: dict[int, asyncio.Task] = {}
+        self.counters = {"submitted": 0, "finished": 0, "aborted": 0, "migrated": 0, "failures": 0, "removed": 0,
+                         "replaced": 0}
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # built outside a loop: the health check starts with the first request
+            pass
+        else:
+            self._ensure_monitor()
 
     # ---- views ----------------------------------------------------------------------------------
 
@@ -229,7 +282,7 @@ class LLMProxy:
         return len(self._tracks)
 
     def _emit(self, kind: str, **data: Any) -> None:
-        log.info("%s %s", kind, data)
+        logger.debug("%s %s", kind, data)
         if self._on_event is not None:
             self._on_event(kind, data)
 
@@ -243,6 +296,7 @@ class LLMProxy:
         """Answer one request exactly once: finished (stop/length) or aborted with a reason."""
         if self._closed:
             raise ProxyError("the proxy is closed; create a new LLMProxy to generate again")
+        self._ensure_monitor()
         validate_request(request, self._router)
         timeout = self._timeout if timeout_s is None else timeout_s
         # VAL: VAL_TIMEOUT(timeout, exc=ProxyError)
@@ -354,6 +408,8 @@ class LLMProxy:
                 if request.trajectory_id:
                     self._sticky[request.trajectory_id] = rank
                 return slot
+            if not has_active and not self._can_recover():  # O(n) only when the pool is empty
+                raise NoWorkerAvailableError(self._pool_gone(track.engine_request.request_id))
             changed = self._changed
             what = "a worker with room (back-pressure)" if has_active else "an active worker (pool empty)"
             try:
@@ -362,6 +418,18 @@ class LLMProxy:
                 if not has_active:
                     raise NoWorkerAvailableError(f"no active worker for request {track.engine_request.request_id!r} before its deadline") from exc
                 raise
+
+    def _can_recover(self) -> bool:
+        """Whether a worker may become active again without a new request's help: a restart or a shrink
+        under way (draining), an offloaded worker an expand brings back, or a replacement being built."""
+        return any(s.state in (DRAINING, OFFLOADED) or s.replacing for s in self._slots)
+
+    def _pool_gone(self, request_id: str) -> str:
+        removed = sum(s.state == REMOVED for s in self._slots)
+        hint = ("replacements are retried with backoff" if self._worker_factory is not None
+                else "pass worker_factory= to LLMProxy to replace removed workers")
+        return (f"no worker can serve request {request_id!r}: {removed} of {len(self._slots)} workers are removed "
+                f"after failures and none is restarting or being replaced ({hint})")
 
     def _release(self, slot: WorkerSlot, track: _Track) -> None:
         slot.inflight.pop(track.engine_request.request_id, None)
@@ -372,7 +440,7 @@ class LLMProxy:
         try:
             await slot.handle.abort(request_id)
         except Exception as exc:  # the worker may be gone; the request is answered by its coroutine anyway
-            log.debug("abort of %s on worker %d failed: %r", request_id, slot.rank, exc)
+            logger.debug("abort of %s on worker %d failed: %r", request_id, slot.rank, exc)
 
     # ---- control --------------------------------------------------------------------------------
 
@@ -489,42 +557,154 @@ class LLMProxy:
                 evictions.append(slot.handle.evict(youngest[:excess]))
         await asyncio.gather(*evictions)
 
+    def _budget_delay(self, times: list[float], now: float) -> float | None:
+        return restart_delay(times, now, window_s=self._restart_window, max_restarts=self._max_restarts,
+                             backoff_s=self._backoff, backoff_max_s=self._backoff_max)
+
+    async def _bring_up(self, slot: WorkerSlot) -> None:
+        """After a restart or a replacement: latest weights, the proxy's suspension state, then route to it."""
+        if self._latest_weights is not None:
+            await slot.handle.load_weights(self._latest_weights, self._version)
+        if not self._resumed.is_set():
+            await slot.handle.suspend()
+        slot.state = ACTIVE
+        if self._resumed.is_set():  # a resume() that ran during the restart skipped this slot
+            await slot.handle.resume()
+
     async def _handle_failure(self, slot: WorkerSlot, incarnation: int) -> None:
-        """Restart a failed worker once on its device; after that, remove it."""
+        """Restart a failed worker on its device within the budget (with backoff); beyond it, remove it
+        and, with a ``worker_factory``, replace it in the background."""
         async with slot.lock:
             if slot.incarnation != incarnation or slot.state != ACTIVE:
-                return  # another request already handled this failure
+                return  # another request (or the health check) already handled this failure
             slot.incarnation += 1
             self.counters["failures"] += 1
-            log.warning("worker %d (%s) failed (failure %d of this proxy); restarts used %d of %d", slot.rank,
-                        slot.handle.worker_id, self.counters["failures"], slot.restarts, self._max_restarts)
-            if slot.restarts < self._max_restarts:
-                slot.restarts += 1
+            loop = asyncio.get_running_loop()
+            delay = self._budget_delay(slot.restart_times, loop.time())
+            worker_id = slot.handle.worker_id
+            if delay is None:
+                logger.warning("worker %s (rank %d) failed again: its restart budget (%d per %g s) is spent; "
+                               "removing it", worker_id, slot.rank, self._max_restarts, self._restart_window)
+            else:
                 slot.state = DRAINING
+                self._notify()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                slot.restart_times.append(loop.time())
+                slot.restarts += 1
                 try:
                     await slot.handle.restart()
-                    if self._latest_weights is not None:
-                        await slot.handle.load_weights(self._latest_weights, self._version)
-                    if not self._resumed.is_set():
-                        await slot.handle.suspend()
-                    slot.state = ACTIVE
-                    if self._resumed.is_set():  # a resume() that ran during the restart skipped this slot
-                        await slot.handle.resume()
+                    await self._bring_up(slot)
                     self._emit("worker_restarted", rank=slot.rank)
-                    log.info("worker %d restarted on devices %s", slot.rank, list(slot.devices))
+                    logger.info("worker %d restarted on devices %s", slot.rank, list(slot.devices))
                     self._notify()
                     return
                 except Exception:  # a failed restart removes the worker
-                    log.exception("worker %d: restart failed; removing it from the pool", slot.rank)
+                    logger.warning("restart of worker %s (rank %d) failed; removing it", worker_id, slot.rank,
+                                   exc_info=True)
             slot.state = REMOVED
             self.counters["removed"] += 1
             self._emit("worker_removed", rank=slot.rank)
-            log.warning("worker %d removed; %d active workers left", slot.rank, len(self.active_ranks()))
+            logger.warning("worker %d removed; %d active workers left", slot.rank, len(self.active_ranks()))
             self._notify()
             try:
                 await slot.handle.stop()
             except Exception:
-                log.exception("worker %d: stop after removal failed", slot.rank)
+                logger.warning("stopping removed worker %s (rank %d) failed", worker_id, slot.rank, exc_info=True)
+            if self._worker_factory is not None and not self._closed and slot.rank not in self._replacements:
+                slot.replacing = True  # requests wait for the first attempt instead of failing at once
+                task = loop.create_task(self._replace(slot), name=f"replace-rank-{slot.rank}")
+                self._replacements[slot.rank] = task
+                task.add_done_callback(lambda _t, rank=slot.rank: self._replacements.pop(rank, None))
+
+    async def _replace(self, slot: WorkerSlot) -> None:
+        """Build a new worker for a removed slot with ``worker_factory``, retrying failures with backoff
+        (at most ``max_restarts`` attempts per window), until one is up or the proxy closes."""
+        assert self._worker_factory is not None
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            now = loop.time()
+            delay = self._budget_delay(slot.replacement_times, now)
+            if delay != 0 and slot.replacing:  # waiting out a backoff or the window: the pool cannot serve meanwhile
+                slot.replacing = False
+                self._notify()
+            if delay is None:  # budget spent: wait until the oldest attempt leaves the window
+                await asyncio.sleep(max(slot.replacement_times[0] + self._restart_window - now, 1e-3))
+                continue
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if self._closed:
+                return
+            slot.replacement_times.append(loop.time())
+            slot.replacing = True
+            handle: WorkerHandle | None = None
+            try:
+                handle = await self._worker_factory(slot.rank)
+                async with slot.lock:
+                    slot.handle = handle
+                    slot.incarnation += 1
+                    slot.restart_times.clear()  # a new worker, a new restart budget
+                    await self._bring_up(slot)
+            except Exception:
+                logger.warning("replacing worker of rank %d failed (attempt %d in the window); retrying with "
+                               "backoff", slot.rank, len(slot.replacement_times), exc_info=True)
+                slot.state = REMOVED
+                if handle is not None:
+                    try:
+                        await handle.stop()
+                    except Exception:
+                        logger.warning("stopping the failed replacement of rank %d failed", slot.rank, exc_info=True)
+                continue
+            finally:
+                slot.replacing = False
+                self._notify()
+            self.counters["replaced"] += 1
+            self._emit("worker_replaced", rank=slot.rank, worker=slot.handle.worker_id)
+            logger.info("rank %d replaced by worker %s", slot.rank, slot.handle.worker_id)
+            return
+
+    # ---- health ---------------------------------------------------------------------------------
+
+    def _ensure_monitor(self) -> None:
+        if self._health_interval is not None and self._monitor is None and not self._closed:
+            self._monitor = asyncio.get_running_loop().create_task(self._health_loop(), name="proxy-health-check")
+
+    async def _health_loop(self) -> None:
+        assert self._health_interval is not None
+        while not self._closed:
+            await asyncio.sleep(self._health_interval)
+            try:
+                await self.check_health()
+            except Exception:  # the monitor must outlive one bad round
+                logger.exception("health check round failed")
+
+    async def check_health(self) -> dict[int, str]:
+        """Probe every active worker once (``WorkerHandle.probe``, bounded by ``health_check_timeout_s``);
+        a failed or unanswered probe is handled as a worker failure. Returns {rank: ok|failed|no_probe}."""
+        # deps: WorkerHandle.probe, LLMProxy._handle_failure
+        slots = [s for s in self._slots if s.state == ACTIVE]
+        outcomes = await asyncio.gather(*(self._probe(s) for s in slots))
+        return {s.rank: outcome for s, outcome in zip(slots, outcomes)}
+
+    async def _probe(self, slot: WorkerSlot) -> str:
+        probe = getattr(slot.handle, "probe", None)
+        if probe is None:  # a handle without a probe is checked by its requests only
+            return "no_probe"
+        incarnation = slot.incarnation
+        try:
+            await asyncio.wait_for(probe(), self._health_timeout)
+            return "ok"
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if slot.incarnation != incarnation or slot.state != ACTIVE:
+                return "ok"  # restarted or moved meanwhile: this probe saw the old worker
+            what = f"no answer within {self._health_timeout:g} s" if isinstance(exc, TimeoutError) else repr(exc)
+            logger.warning("health check: worker %s (rank %d) failed its probe: %s", slot.handle.worker_id,
+                           slot.rank, what)
+            self._emit("health_check_failed", rank=slot.rank, error=what)
+            await self._handle_failure(slot, incarnation)
+            return "failed"
 
     async def close(self) -> None:
         """Stop every worker; requests still in flight are answered at once as aborted ("proxy closed").
@@ -533,11 +713,26 @@ class LLMProxy:
         its deadline, and a caller cancelling it at shutdown would wait on a restart that never helps.
         """
         self._closed = True
+        background = [t for t in (self._monitor, *self._replacements.values()) if t is not None]
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
         for track in self._tracks.values():
             track.abort_reason = track.abort_reason or "proxy closed"
         self._resumed.set()
         self._notify()
         await asyncio.gather(*(s.handle.stop() for s in self._slots if s.state != REMOVED), return_exceptions=True)
+
+
+def restart_delay(times: list[float], now: float, *, window_s: float, max_restarts: int, backoff_s: float, backoff_max_s: float) -> float | None:
+    """The restart budget (design D22): prune ``times`` (loop times of earlier restarts) to the window ending
+    at ``now``; None when ``max_restarts`` are already in it, else the pause before the next restart
+    (0 for the first in the window, then ``backoff_s * 2**(k-1)`` after k restarts, capped)."""
+    # deps: none
+    times[:] = [t for t in times if now - t < window_s]
+    if len(times) >= max_restarts:
+        return None
+    return 0.0 if not times else min(backoff_max_s, backoff_s * 2 ** min(len(times) - 1, 60))
 
 
 def validate_ranks(ranks: list[int], slots: Sequence[WorkerSlot], of: list[int]) -> None:

@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     import torch
 
+logger = logging.getLogger(__name__)
+
 
 class InferenceWorkerActor:
     """The body of the Ray actor: an ``InferenceWorker`` whose methods Ray calls concurrently."""
@@ -135,6 +137,10 @@ class RayWorkerHandle:
         """The worker's stats snapshot."""
         return await self._remote("stats")
 
+    async def probe(self) -> WorkerStats:
+        """Health check: a dead actor raises WorkerFailedError, a failed engine too (from the actor)."""
+        return await self._remote("probe")
+
     async def restart(self) -> None:
         """Rebuild the engine in the actor; if the actor is dead, replace it (same options, same device)."""
         import ray
@@ -142,6 +148,7 @@ class RayWorkerHandle:
         try:
             await self._remote("restart")
         except WorkerFailedError:
+            logger.info("ray worker %s: the actor is dead; starting a new one on the same resources", self.worker_id)
             try:
                 ray.kill(self._actor, no_restart=True)
             except Exception as exc:  # already gone

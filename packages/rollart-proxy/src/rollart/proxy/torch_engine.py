@@ -1,16 +1,21 @@
 """TorchEngine: a real continuous-batching engine over a Hugging Face causal LM, on CPU.
 
-Each request keeps its own KV cache (one key/value tensor pair per layer). A step either prefills
-newly admitted requests (each on its own, without padding, so greedy output is what
-``transformers.generate`` computes) or decodes one token for every running request in one batched
-forward over a left-padded batched cache with an attention mask and per-row position ids. The
-batched cache persists between steps: a finished request's row is dropped, a newly prefilled
-request's cache is padded and appended, so no step re-pads the whole batch.
+A step either prefills newly admitted requests or decodes one token for every running request in
+one batched forward over a left-padded batched cache with an attention mask and per-row position
+ids. The batched cache persists between steps: a finished request's row is dropped, a newly
+prefilled request's cache is padded and appended, so no step re-pads the whole batch.
+
+Prefill (design D27, D28): the admitted requests of a step run in one forward (padding plus an
+attention mask and explicit position ids), and a request whose context starts with tokens whose KV
+the engine kept from a finished request (the previous turn of its trajectory, a shared
+instruction) reuses that KV and computes only the new tokens. Both are constructor flags; with both
+off each request is prefilled on its own from scratch (the step-11 engine, the benchmark's baseline).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rollart.proxy.errors import ProxyError
+from rollart.proxy.prefix_cache import KV, PrefixHit, PrefixKVCache
 from rollart.proxy.sampling import sample_next
 from rollart.proxy.types import (
     FINISH_ABORT,
@@ -43,10 +49,21 @@ class _Sequence:
     cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     finish_reason: str | None = None
     stop_set: frozenset[int] = field(default_factory=frozenset)
+    prefix: PrefixHit | None = None  # cached KV found at admission, consumed by the prefill
+
+    @property
+    def context_ids(self) -> list[int]:
+        return list(self.request.prompt_ids) + self.token_ids
 
     @property
     def context_len(self) -> int:
         return len(self.request.prompt_ids) + len(self.token_ids)
+
+    @property
+    def kv_reserved(self) -> int:
+        """KV this request holds from admission to its end: prompt + max_tokens (D25). Generated
+        tokens are inside that budget, so it neither grows while decoding nor when resumed."""
+        return len(self.request.prompt_ids) + self.request.params.max_tokens
 
     def output(self, reason: str | None) -> EngineOutput:
         return EngineOutput(
@@ -58,6 +75,33 @@ class _Sequence:
         )
 
 
+@dataclass(frozen=True)
+class TorchEngineStats:
+    """Cumulative engine counters; ``prefix_hit_rate`` and ``prefill_share`` are derived."""
+
+    prefill_forwards: int
+    decode_forwards: int
+    prefill_s: float
+    decode_s: float
+    prompt_tokens_computed: int
+    prompt_tokens_reused: int
+    prefix_lookups: int
+    prefix_hits: int
+    cached_tokens: int
+    evicted_tokens: int
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Share of admitted requests that reused at least one cached token (0 before any lookup)."""
+        return self.prefix_hits / self.prefix_lookups if self.prefix_lookups else 0.0
+
+    @property
+    def prefill_share(self) -> float:
+        """Prefill seconds over prefill + decode seconds (0 before any forward)."""
+        total = self.prefill_s + self.decode_s
+        return self.prefill_s / total if total > 0 else 0.0
+
+
 class TorchEngine:
     """Continuous batching over a ``transformers`` causal LM (CPU, float32), per-request KV cache."""
 
@@ -67,11 +111,14 @@ class TorchEngine:
         *,
         max_num_seqs: int = 16,
         max_kv_tokens: int = 8192,
-        max_prefills_per_step: int = 4,
+        max_prefills_per_step: int = 16,
         version: int = 0,
         offload_to_thread: bool = True,
+        batched_prefill: bool = True,
+        prefix_cache: bool = True,
     ) -> None:
-        """Wrap a loaded model; ``offload_to_thread`` runs forwards off the event loop thread."""
+        """Wrap a loaded model; ``offload_to_thread`` runs forwards off the event loop thread;
+        ``batched_prefill`` and ``prefix_cache`` switch D27 and D28 (off = the step-11 engine)."""
         # VAL: VAL_INT_RANGE(max_num_seqs, min=1, max=4096, exc=ProxyError)
         check.int_range("max_num_seqs", max_num_seqs, min=1, max=4096, exc=ProxyError)  # generated #9935161f6a
         # VAL: VAL_INT_RANGE(max_kv_tokens, min=1, max=1 << 30, exc=ProxyError)
@@ -93,6 +140,12 @@ class TorchEngine:
         self._batch_keys: list[torch.Tensor] = []
         self._batch_values: list[torch.Tensor] = []
         self._param_names = {name for name, _ in model.named_parameters()}
+        self._batched_prefill = batched_prefill
+        self._cache = PrefixKVCache() if prefix_cache else None
+        self._counts = dict.fromkeys(
+            ("prefill_forwards", "decode_forwards", "prompt_tokens_computed", "prompt_tokens_reused",
+             "prefix_lookups", "prefix_hits"), 0)
+        self._seconds = {"prefill_s": 0.0, "decode_s": 0.0}
 
     @classmethod
     def from_pretrained(cls, path: str, **kwargs: object) -> TorchEngine:
@@ -155,15 +208,26 @@ class TorchEngine:
         return bool(self._waiting or self._running)
 
     def load(self) -> EngineLoad:
-        """Occupancy for routing: KV is reserved for prompt + max tokens of every admitted request."""
-        reserved = sum(s.context_len + s.request.remaining_tokens for s in self._running.values())
-        in_flight = reserved + sum(s.context_len + s.request.remaining_tokens for s in self._waiting)
+        """Occupancy for routing: prompt + max tokens of every admitted request (D25) plus the
+        prefix cache's tokens (D28: evictable, but resident until evicted)."""
+        reserved = self._reserved()
+        in_flight = reserved + sum(s.kv_reserved for s in self._waiting)
+        cached = self._cache.tokens if self._cache is not None else 0
         return EngineLoad(
             running=len(self._running),
             waiting=len(self._waiting),
             tokens_in_flight=in_flight,
-            free_kv_tokens=max(self._max_kv_tokens - reserved, 0),
+            free_kv_tokens=max(self._max_kv_tokens - reserved - cached, 0),
         )
+
+    def stats(self) -> TorchEngineStats:
+        """Cumulative counters (D29): prefill/decode time, computed vs reused prompt tokens, cache hits."""
+        cache = self._cache
+        return TorchEngineStats(**self._counts, **self._seconds, cached_tokens=cache.tokens if cache is not None else 0,
+                                evicted_tokens=cache.evicted_tokens if cache is not None else 0)
+
+    def _reserved(self) -> int:
+        return sum(s.kv_reserved for s in self._running.values())
 
     async def step(self) -> list[EngineOutput]:
         """One prefill step if requests can be admitted, else one batched decode step."""
@@ -171,41 +235,120 @@ class TorchEngine:
             raise ProxyError("TorchEngine.step: weights are offloaded; reload() first")
         admitted = self._admit()
         if admitted:
-            work = lambda: self._prefill(admitted)  # noqa: E731
+            work = lambda: self._timed("prefill_s", lambda: self._prefill(admitted))  # noqa: E731
         elif self._running:
-            work = self._decode
+            work = lambda: self._timed("decode_s", self._decode)  # noqa: E731
         else:
             return []
         if self._to_thread:
             return await asyncio.to_thread(work)
         return work()
 
+    def _timed(self, key: str, work) -> list[EngineOutput]:  # noqa: ANN001
+        start = time.perf_counter()  # a measurement of CPU work for stats, never control (D29)
+        try:
+            return work()
+        finally:
+            self._seconds[key] += time.perf_counter() - start
+
     def _admit(self) -> list[_Sequence]:
         admitted: list[_Sequence] = []
-        reserved = self._max_kv_tokens - self.load().free_kv_tokens
+        reserved = self._reserved()
         while self._waiting and len(admitted) < self._max_prefills:
             if len(self._running) + len(admitted) >= self._max_num_seqs:
                 break
             seq = self._waiting[0]
-            need = seq.context_len + seq.request.remaining_tokens
-            if reserved + need > self._max_kv_tokens:
+            if reserved + seq.kv_reserved > self._max_kv_tokens:
                 break
-            reserved += need
+            reserved += seq.kv_reserved
             admitted.append(self._waiting.popleft())
+            if self._cache is not None:
+                context = seq.context_ids
+                seq.prefix = self._cache.lookup(context, len(context) - 1)  # one token left for the logits
+                self._counts["prefix_lookups"] += 1
+                self._counts["prefix_hits"] += seq.prefix is not None
+                self._cache.evict_to(self._max_kv_tokens - reserved)
         return admitted
 
     @torch.no_grad()
     def _prefill(self, seqs: list[_Sequence]) -> list[EngineOutput]:
+        groups = [seqs] if self._batched_prefill else [[seq] for seq in seqs]
         finished: list[EngineOutput] = []
-        for seq in seqs:
-            ids = torch.tensor([list(seq.request.prompt_ids) + seq.token_ids], dtype=torch.long)
-            out = self._model(input_ids=ids, use_cache=True)
-            seq.cache = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-            self._running[seq.request.request_id] = seq
-            done = self._append(seq, out.logits[0, -1])
-            if done is not None:
-                finished.append(done)
+        for group in groups:
+            logits = self._prefill_forward(group)
+            for row, seq in enumerate(group):
+                self._running[seq.request.request_id] = seq
+                done = self._append(seq, logits[row])
+                if done is not None:
+                    self._remember(seq, seq.cache)
+                    finished.append(done)
         return finished
+
+    def _prefill_forward(self, seqs: list[_Sequence]) -> torch.Tensor:
+        """One forward over the new tokens of ``seqs`` (D27); sets each ``seq.cache`` to its contiguous
+        KV and returns the last position's logits per row."""
+        from transformers import DynamicCache
+
+        contexts = [seq.context_ids for seq in seqs]
+        cached = [seq.prefix.length if seq.prefix is not None else 0 for seq in seqs]
+        news = [ctx[c:] for ctx, c in zip(contexts, cached)]
+        self._counts["prefill_forwards"] += 1
+        self._counts["prompt_tokens_computed"] += sum(map(len, news))
+        self._counts["prompt_tokens_reused"] += sum(cached)
+        if len(seqs) == 1 and cached[0] == 0:  # nothing to pad or reuse: the plain forward
+            out = self._model(input_ids=torch.tensor([news[0]], dtype=torch.long), use_cache=True)
+            seqs[0].cache = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+            return out.logits[:, -1]
+        width_c, width_n = max(cached), max(map(len, news))
+        rows = len(seqs)
+        input_ids = torch.zeros(rows, width_n, dtype=torch.long)
+        position_ids = torch.zeros(rows, width_n, dtype=torch.long)
+        mask = torch.zeros(rows, width_c + width_n, dtype=torch.long)
+        for i, (new, c) in enumerate(zip(news, cached)):
+            n = len(new)
+            input_ids[i, width_n - n :] = torch.tensor(new, dtype=torch.long)
+            position_ids[i, width_n - n :] = torch.arange(c, c + n)
+            mask[i, width_c - c : width_c] = 1
+            mask[i, width_c + width_n - n :] = 1
+        past = None
+        if width_c > 0:
+            past = DynamicCache(self._padded_prefixes(seqs, width_c))
+        out = self._model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                          past_key_values=past, use_cache=True, logits_to_keep=1)
+        layers = out.past_key_values.layers
+        for i, (new, c) in enumerate(zip(news, cached)):
+            index = torch.cat([torch.arange(width_c - c, width_c), torch.arange(width_c + width_n - len(new), width_c + width_n)])
+            seqs[i].cache = [(layer.keys[i : i + 1].index_select(2, index), layer.values[i : i + 1].index_select(2, index))
+                             for layer in layers]
+            seqs[i].prefix = None
+        return out.logits[:, -1]
+
+    @staticmethod
+    def _padded_prefixes(seqs: list[_Sequence], width: int) -> KV:
+        """The cached prefixes of ``seqs`` left-padded to ``width`` columns, one (keys, values) per layer."""
+        template = next(seq.prefix.kv for seq in seqs if seq.prefix is not None)  # type: ignore[union-attr]
+        layers: KV = []
+        for layer, (k0, v0) in enumerate(template):
+            k_rows, v_rows = [], []
+            for seq in seqs:
+                if seq.prefix is None:
+                    k_rows.append(k0.new_zeros(1, k0.shape[1], width, k0.shape[3]))
+                    v_rows.append(v0.new_zeros(1, v0.shape[1], width, v0.shape[3]))
+                    continue
+                k, v = seq.prefix.kv[layer]
+                pad = width - k.shape[2]
+                k_rows.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
+                v_rows.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
+            layers.append((torch.cat(k_rows), torch.cat(v_rows)))
+        return layers
+
+    def _remember(self, seq: _Sequence, kv: KV | None) -> None:
+        """Keep a finished request's KV (its context but the last, never fed, token) for later turns (D28)."""
+        if self._cache is None or kv is None:
+            return
+        length = kv[0][0].shape[2]
+        tokens = tuple(seq.context_ids[:length])
+        self._cache.insert(tokens, kv, self._max_kv_tokens - self._reserved())
 
     def _sync_batch(self) -> None:
         """Make the batched cache hold exactly the running requests: drop finished or aborted rows,
@@ -273,10 +416,16 @@ class TorchEngine:
         self._batch_keys = [layer.keys for layer in layers]
         self._batch_values = [layer.values for layer in layers]
         self._batch_lens = [length + 1 for length in self._batch_lens]
+        self._counts["decode_forwards"] += 1
         finished: list[EngineOutput] = []
+        width = self._batch_keys[0].shape[2]
         for row, seq in enumerate(seqs):
             done = self._append(seq, out.logits[row, -1])
             if done is not None:
+                if self._cache is not None:
+                    start = width - self._batch_lens[row]
+                    self._remember(seq, [(k[row : row + 1, :, start:].clone(), v[row : row + 1, :, start:].clone())
+                                         for k, v in zip(self._batch_keys, self._batch_values)])
                 finished.append(done)
         return finished
 
@@ -303,6 +452,8 @@ class TorchEngine:
         """
         # AST: AST_PRECONDITION(not self.has_work(), got=sorted(self._ids()), msg="engine empty before offload")
         check.precondition(not self.has_work(), "engine empty before offload", got_lazy=lambda: sorted(self._ids()))  # generated #38704b3a1f
+        if self._cache is not None:
+            self._cache.clear()  # offload frees the KV too (on a GPU that is the point)
         if self._host_params is not None:
             return
         host: dict[str, torch.Tensor] = {}
@@ -349,5 +500,7 @@ class TorchEngine:
             self._waiting.appendleft(seq)
         self._running.clear()
         self._batch, self._batch_lens, self._batch_keys, self._batch_values = [], [], [], []
+        if self._cache is not None:
+            self._cache.clear()  # KV of the old weights must not feed the new version's tokens (D28)
         if reoffload:
             await self.offload()

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     import torch
 
 OutputCallback = Callable[[EngineOutput], None]
+#: How long an idle loop (a step made no progress) waits for a command before stepping again (D26).
+IDLE_WAIT_S = 0.05
 
 
 class CommandKind(str, enum.Enum):
@@ -222,6 +224,17 @@ class InferenceWorker:
         """Load new weights by name as ``version``; in-flight requests continue under them."""
         await self._command(CommandKind.UPDATE_WEIGHTS, (weights, version))
 
+    async def probe(self) -> WorkerStats:
+        """Answer the proxy's health check: the stats while the loop runs and the engine is not FAILED.
+
+        Raises WorkerFailedError when the loop is gone (stopped or crashed) or the engine failed, so an
+        idle dead worker is found without a request having to fail on it.
+        """
+        if self._task is None or self._task.done() or self._state is WorkerState.FAILED:
+            loop = "no loop" if self._task is None else ("loop ended" if self._task.done() else "loop running")
+            raise WorkerFailedError(f"worker {self.worker_id} is {self._state.value} ({loop})")
+        return self.stats()
+
     def stats(self) -> WorkerStats:
         """A snapshot of state, version and load."""
         load = self._engine.load() if self._engine is not None else None
@@ -257,9 +270,20 @@ class InferenceWorker:
                 self._steps += 1
                 for output in outputs:
                     self._deliver(output)
-                await asyncio.sleep(0)  # let other workers and the proxy run between steps
+                if not outputs and engine.load().running == 0:
+                    await self._idle_wait()  # the step made no progress: wait, do not spin (D26)
+                else:
+                    await asyncio.sleep(0)  # let other workers and the proxy run between steps
             else:
                 await self._handle(await self._queue.get())
+
+    async def _idle_wait(self) -> None:
+        """Wait for the next command, at most IDLE_WAIT_S (an engine may progress on its own)."""
+        try:
+            cmd = await asyncio.wait_for(self._queue.get(), IDLE_WAIT_S)
+        except TimeoutError:
+            return
+        await self._handle(cmd)
 
     def _deliver(self, output: EngineOutput) -> None:
         pending = self._pending.pop(output.request_id, None)
@@ -415,6 +439,11 @@ class WorkerHandle(Protocol):
 
     async def restart(self) -> None:
         """Restart with a fresh engine on the same device."""
+        ...
+
+    async def probe(self) -> Any:
+        """Health check: return while the worker can serve, raise WorkerFailedError (or time out) when it cannot.
+        The proxy treats a handle without ``probe`` as checked by its requests only."""
         ...
 
     async def stop(self) -> None:

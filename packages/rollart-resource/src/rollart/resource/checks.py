@@ -132,6 +132,13 @@ def version_monotonic(name: str, new: Any, current: Any, *, strict: bool = True,
     raise exc(f"{name} must be {relation} the current version {current!r} (versions never go backwards), got {new!r}")
 
 
+def checksum(name: str, value: Any, expected: Any, *, exc: type[Exception] = ValueError) -> None:
+    """A stored checksum equals the one recomputed now from the data it covers (data read back from disk)."""
+    if value != expected:
+        raise exc(f"{name} is {value!r} but the data it covers checksums to {expected!r}: "
+                  "the data or its checksum changed")
+
+
 def _condition(kind: str, cond: Any, what: str, got: Any, got_lazy: Callable[[], Any] | None,
                exc: type[Exception]) -> None:
     if cond:

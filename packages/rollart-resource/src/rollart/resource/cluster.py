@@ -7,6 +7,12 @@ ResourceManager (devices from the ledger, placement from the runtime), reports t
 installs serverless clients, and repairs failures: a dead worker is restarted once on the same
 devices; if it dies again it is removed and its devices go back to the free pool (R9).
 Proxies are async (design D7): ``await trainers.compute_gradients(batch)``.
+
+Every call has a deadline (R11, design D20): the cluster's ``call_timeout``, a method's own
+``register(timeout=)``/``hw_mapping(timeout=)``, or one call's ``rollart_timeout=`` keyword. A worker
+method that never returns ends with ``CallTimeout`` naming the method, the worker and the deadline;
+the worker is not declared dead for it (it may only be slow), the event ``worker_call_timeout`` is
+recorded and ``check_health`` reports it ``unresponsive``.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 from rollart.resource import checks as check
 from rollart.resource.decorators import ROUTE_MODE, DispatchSpec, dispatch_spec_of
 from rollart.resource.errors import (
+    CallTimeout,
     ResourceError,
     ServerlessError,
     UnknownHardwareError,
@@ -36,7 +43,10 @@ from rollart.resource.worker import Worker
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Cluster"]
+__all__ = ["CALL_TIMEOUT_KEYWORD", "Cluster"]
+
+CALL_TIMEOUT_KEYWORD = "rollart_timeout"
+"""The keyword a caller adds to one cluster call to set that call's deadline (it is not passed to the worker)."""
 
 
 @dataclass
@@ -65,7 +75,7 @@ class Cluster:
     """
 
     def __init__(self, manager: ResourceManager, worker_cls: type, name: str, role: str, runtime: WorkerRuntime,
-                 timeout: float) -> None:
+                 timeout: float, call_timeout: float = 300.0) -> None:
         # use Cluster.create: construction alone spawns nothing
         self._manager = manager
         self._worker_cls = worker_cls
@@ -73,6 +83,8 @@ class Cluster:
         self._role = role
         self._runtime = runtime
         self._timeout = timeout
+        self._call_timeout = call_timeout
+        self._method_timeouts: dict[str, float] = {}
         self._members: dict[int, _Member] = {}
         self._world_size = 0
         self._round_robin: dict[str, int] = {}
@@ -80,7 +92,7 @@ class Cluster:
         self._serverless_methods: dict[str, str] = {}  # method -> service name
 
     @classmethod
-    async def create(cls, manager: ResourceManager, worker_cls: type[Worker], *, role: str, num_workers: int, hw: str | Mapping[str, int] | None = None, devices_per_worker: int = 1, name: str | None = None, runtime: WorkerRuntime | None = None, args: tuple = (), kwargs: Mapping[str, Any] | None = None, timeout: float = 60.0) -> Cluster:
+    async def create(cls, manager: ResourceManager, worker_cls: type[Worker], *, role: str, num_workers: int, hw: str | Mapping[str, int] | None = None, devices_per_worker: int = 1, name: str | None = None, runtime: WorkerRuntime | None = None, args: tuple = (), kwargs: Mapping[str, Any] | None = None, timeout: float = 60.0, call_timeout: float = 300.0) -> Cluster:
         """Allocate devices, spawn the workers, bind the decorated methods; all or nothing.
 
         Args:
@@ -96,6 +108,8 @@ class Cluster:
             args: positional constructor arguments after the context.
             kwargs: keyword constructor arguments.
             timeout: deadline for placing and starting each worker.
+            call_timeout: default deadline of every call to a worker method, in seconds (a method's
+                ``register(timeout=)`` and a call's ``rollart_timeout=`` override it).
 
         Returns:
             The started cluster.
@@ -107,6 +121,8 @@ class Cluster:
         check.int_range("devices_per_worker", devices_per_worker, min=1, max=1024, exc=ResourceError)  # generated #f16a69622b
         # VAL: VAL_TIMEOUT(timeout, exc=ResourceError)
         check.timeout("timeout", timeout, exc=ResourceError)  # generated #db0d52c256
+        # VAL: VAL_TIMEOUT(call_timeout, exc=ResourceError)
+        check.timeout("call_timeout", call_timeout, exc=ResourceError)  # generated #dacb92c293
         # AST: AST_PRECONDITION(isinstance(worker_cls, type) and issubclass(worker_cls, Worker), got=worker_cls, msg="worker_cls is a Worker subclass", exc=ResourceError)
         check.precondition(isinstance(worker_cls, type) and issubclass(worker_cls, Worker), "worker_cls is a Worker subclass", got=worker_cls, exc=ResourceError)  # generated #6ea2031b72
         name = name or f"{worker_cls.__name__}-{role}"
@@ -122,7 +138,8 @@ class Cluster:
                                     "rename the worker method")
         if any(rec.owner == name for rec in manager.devices().values()):
             raise ResourceError(f"name {name!r} already owns devices in the ledger; choose another cluster name")
-        self = cls(manager, worker_cls, name, role, runtime or LocalRuntime(), float(timeout))
+        self = cls(manager, worker_cls, name, role, runtime or LocalRuntime(), float(timeout), float(call_timeout))
+        self._method_timeouts = {m: spec.call_timeout for m, spec in specs.items() if spec.call_timeout is not None}
         self._world_size = num_workers
         contexts: list[WorkerContext] = []
         try:
@@ -220,13 +237,31 @@ class Cluster:
         return self._members[rank].hw
 
     # -- calls -----------------------------------------------------------------------------------
-    async def _call(self, rank: int, method: str, args: tuple, kwargs: Mapping[str, Any]) -> Any:
+    def _split_deadline(self, method: str, kwargs: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        """The deadline of one call (its rollart_timeout=, else the method's, else the cluster's) and the
+        keyword arguments for the worker without it."""
+        if CALL_TIMEOUT_KEYWORD not in kwargs:
+            return self._method_timeouts.get(method, self._call_timeout), kwargs
+        kwargs = dict(kwargs)
+        rollart_timeout = kwargs.pop(CALL_TIMEOUT_KEYWORD)
+        # VAL: VAL_TIMEOUT(rollart_timeout, exc=ResourceError)
+        check.timeout("rollart_timeout", rollart_timeout, exc=ResourceError)  # generated #1c935261c8
+        return float(rollart_timeout), kwargs
+
+    async def _call(self, rank: int, method: str, args: tuple, kwargs: Mapping[str, Any],
+                    timeout: float | None = None) -> Any:
+        if timeout is None:
+            timeout, kwargs = self._split_deadline(method, dict(kwargs))
         member = self._members.get(rank)
         if member is None:
             raise WorkerFailedError(self._name, rank, "removed")
         handle = member.handle
         try:
-            result = await self._runtime.call(handle, method, args, kwargs)
+            result = await self._runtime.call(handle, method, args, kwargs, timeout=timeout)
+        except CallTimeout:
+            self._manager.record_event("worker_call_timeout", {"worker": f"{self._name}/{rank}", "method": method,
+                                                               "timeout_s": timeout})
+            raise
         except WorkerDiedError as exc:
             action = await self._handle_death(member, handle)
             raise WorkerFailedError(self._name, rank, action, exc) from exc
@@ -258,18 +293,21 @@ class Cluster:
     async def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Broadcast the call to every worker and gather the results in rank order."""
         # deps: Cluster._call
-        return await self._gather([self._call(rank, method, args, kwargs) for rank in self._live_ranks()])
+        timeout, kwargs = self._split_deadline(method, kwargs)
+        return await self._gather([self._call(rank, method, args, kwargs, timeout) for rank in self._live_ranks()])
 
     async def execute_rank0(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call only the lowest live rank (the single-controller pattern for e.g. saving)."""
         # deps: Cluster._call
-        return await self._call(self._live_ranks()[0], method, args, kwargs)
+        timeout, kwargs = self._split_deadline(method, kwargs)
+        return await self._call(self._live_ranks()[0], method, args, kwargs, timeout)
 
     async def dp_split(self, method: str, items: Sequence[Any], *args: Any, **kwargs: Any) -> list[Any]:
         """Split items into contiguous chunks, one per worker, and concatenate the returned lists in order."""
         # deps: Cluster._call
         # VAL: VAL_TYPE(items, (list, tuple), exc=ResourceError)
         check.of_type("items", items, (list, tuple), exc=ResourceError)  # generated #1fd590aa73
+        timeout, kwargs = self._split_deadline(method, kwargs)
         ranks = self._live_ranks()
         base, extra = divmod(len(items), len(ranks))
         chunks, start = [], 0
@@ -278,7 +316,8 @@ class Cluster:
             if size:
                 chunks.append((rank, list(items[start:start + size])))
             start += size
-        parts = await self._gather([self._call(rank, method, (chunk, *args), kwargs) for rank, chunk in chunks])
+        parts = await self._gather([self._call(rank, method, (chunk, *args), kwargs, timeout)
+                                    for rank, chunk in chunks])
         merged: list[Any] = []
         for (rank, _), part in zip(chunks, parts):
             if not isinstance(part, (list, tuple)):
@@ -294,6 +333,7 @@ class Cluster:
         ``tag_name`` is passed on to the worker method when its signature accepts it.
         """
         # deps: Cluster._call
+        timeout, kwargs = self._split_deadline(method, kwargs)
         ranks = self._live_ranks()
         preferred = hw_affinity.get(tag_name, hw_affinity["default"])
         candidates = ([r for r in ranks if self._members[r].hw == preferred]
@@ -302,7 +342,7 @@ class Cluster:
         self._round_robin[preferred] = turn + 1
         if self._accepts(method, "tag_name"):
             kwargs = {**kwargs, "tag_name": tag_name}
-        return await self._call(candidates[turn % len(candidates)], method, args, kwargs)
+        return await self._call(candidates[turn % len(candidates)], method, args, kwargs, timeout)
 
     def _accepts(self, method: str, param: str) -> bool:
         try:
@@ -312,17 +352,25 @@ class Cluster:
         return param in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
     # -- health ----------------------------------------------------------------------------------
-    async def check_health(self) -> dict[int, str]:
-        """Ping every worker; repair the dead ones (restart once, then remove); returns {rank: action}."""
+    async def check_health(self, timeout: float = 10.0) -> dict[int, str]:
+        """Ping every worker; repair the dead ones (restart once, then remove); returns {rank: action}.
+
+        A ping not answered within ``timeout`` is ``unresponsive``: reported, not repaired (a worker busy in
+        a long sync method cannot answer either; the caller decides).
+        """
         # deps: Cluster._handle_death
+        # VAL: VAL_TIMEOUT(timeout, exc=ResourceError)
+        check.timeout("timeout", timeout, exc=ResourceError)  # generated #db0d52c256
         actions: dict[int, str] = {}
 
         async def probe(rank: int) -> None:
             try:
-                await self._call(rank, "rollart_ping", (), {})
+                await self._call(rank, "rollart_ping", (), {}, float(timeout))
                 actions[rank] = "ok"
             except WorkerFailedError as exc:
                 actions[rank] = exc.action
+            except CallTimeout:
+                actions[rank] = "unresponsive"
 
         await asyncio.gather(*(probe(rank) for rank in self.ranks))
         return dict(sorted(actions.items()))

@@ -55,29 +55,44 @@ class DispatchSpec:
         mode: one of ``DISPATCH_MODES``, or ``"hw_mapping"`` for routed methods.
         hw_affinity: ``{tag_name: hardware type}`` with a ``"default"`` entry, for routed methods.
         serverless: the endpoint installed on the workers, for serverless methods.
+        call_timeout: this method's call deadline in seconds (None: the cluster's ``call_timeout``).
     """
 
     mode: str
     hw_affinity: Mapping[str, str] | None = None
     serverless: ServerlessSpec | None = None
+    call_timeout: float | None = None
 
 
-def register(mode: str = "execute_all") -> Callable[[F], F]:
-    """Mark a worker method for the Cluster proxy with a dispatch mode (paper Listing 1 line 8)."""
+def register(mode: str = "execute_all", *, timeout: float | None = None) -> Callable[[F], F]:
+    """Mark a worker method for the Cluster proxy with a dispatch mode (paper Listing 1 line 8).
+
+    ``timeout`` is this method's call deadline in seconds (a long training step may need more than the
+    cluster's ``call_timeout``, a ping much less); None keeps the cluster's.
+    """
     # deps: none
+    if timeout is not None:
+        # VAL: VAL_TIMEOUT(timeout, exc=ResourceError)
+        check.timeout("timeout", timeout, exc=ResourceError)  # generated #db0d52c256
     # VAL: VAL_ONE_OF(mode, choices=DISPATCH_MODES, exc=ResourceError)
     check.one_of("mode", mode, DISPATCH_MODES, exc=ResourceError)  # generated #89b950d2c1
 
     def decorate(fn: F) -> F:
-        setattr(fn, _ATTR, DispatchSpec(mode))
+        setattr(fn, _ATTR, DispatchSpec(mode, call_timeout=None if timeout is None else float(timeout)))
         return fn
 
     return decorate
 
 
-def hw_mapping(hw_affinity: Mapping[str, str]) -> Callable[[F], F]:
-    """Route calls by their tag_name to workers of the preferred hardware, "default" as fallback."""
+def hw_mapping(hw_affinity: Mapping[str, str], *, timeout: float | None = None) -> Callable[[F], F]:
+    """Route calls by their tag_name to workers of the preferred hardware, "default" as fallback.
+
+    ``timeout`` is this method's call deadline in seconds; None keeps the cluster's ``call_timeout``.
+    """
     # deps: none
+    if timeout is not None:
+        # VAL: VAL_TIMEOUT(timeout, exc=ResourceError)
+        check.timeout("timeout", timeout, exc=ResourceError)  # generated #db0d52c256
     # VAL: VAL_NON_EMPTY(hw_affinity, exc=ResourceError)
     check.non_empty("hw_affinity", hw_affinity, exc=ResourceError)  # generated #2236af1839
     # AST: AST_PRECONDITION("default" in hw_affinity, got=sorted(hw_affinity), msg="hw_affinity has a 'default' entry", exc=ResourceError)
@@ -85,7 +100,8 @@ def hw_mapping(hw_affinity: Mapping[str, str]) -> Callable[[F], F]:
     affinity = dict(hw_affinity)
 
     def decorate(fn: F) -> F:
-        setattr(fn, _ATTR, DispatchSpec(ROUTE_MODE, hw_affinity=affinity))
+        setattr(fn, _ATTR, DispatchSpec(ROUTE_MODE, hw_affinity=affinity,
+                                        call_timeout=None if timeout is None else float(timeout)))
         return fn
 
     return decorate

@@ -50,3 +50,18 @@ class ServerlessError(RuntimeError):
 
 class PlacementTimeout(TimeoutError):
     """A placement group or worker did not become ready before its deadline."""
+
+
+class CallTimeout(TimeoutError):
+    """A worker call did not return before its deadline; names the method, the worker and the deadline."""
+
+    def __init__(self, owner: str, rank: int, method: str, timeout: float) -> None:
+        """Keep what was called on whom and the deadline it missed, so the caller can decide what to do."""
+        # deps: none
+        super().__init__(f"worker {owner}/{rank}: call {method!r} did not return within its deadline of "
+                         f"{timeout:g} s (raise it per call with rollart_timeout=, per method with "
+                         f"register(timeout=) or per cluster with Cluster.create(call_timeout=))")
+        self.owner = owner
+        self.rank = rank
+        self.method = method
+        self.timeout = timeout

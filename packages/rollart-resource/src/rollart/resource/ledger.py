@@ -5,8 +5,10 @@ shrink is prepared) and the scheduler's time-sharing controller implement ``Tran
 read ``Transition``; they need these types without the store or Ray behind them.
 
 A transition is two-phase (design D3): ``planned -> prepared -> committed -> completed``, or
-``planned | prepared -> aborted``. The store applies the roles and the ``committed`` phase in one
-SQL transaction, so a crash leaves the ledger before or after the move, never in between.
+``planned | prepared -> aborting -> aborted``. The store applies the roles and the ``committed`` phase
+in one SQL transaction, so a crash leaves the ledger before or after the move, never in between.
+``committed`` and ``aborting`` are persisted BEFORE the hooks hear the outcome and left only after
+every hook heard it, so a controller killed while hooks are being told is finished by ``recover``.
 """
 
 from __future__ import annotations
@@ -37,12 +39,13 @@ ROLES: tuple[str, ...] = ("rollout", "train", "reward", "env", "free")
 TRANSITION_ROLES: tuple[str, ...] = ("rollout", "train", "reward", "env")
 """Roles a shrink/expand moves between; devices enter and leave ``free`` only by allocate/release."""
 
-PHASES: tuple[str, ...] = ("planned", "prepared", "committed", "completed", "aborted")
-OPEN_PHASES: tuple[str, ...] = ("planned", "prepared", "committed")
+PHASES: tuple[str, ...] = ("planned", "prepared", "committed", "completed", "aborting", "aborted")
+OPEN_PHASES: tuple[str, ...] = ("planned", "prepared", "committed", "aborting")
 PHASE_MOVES: Mapping[str, tuple[str, ...]] = {
-    "planned": ("prepared", "aborted"),
-    "prepared": ("committed", "aborted"),
+    "planned": ("prepared", "aborting"),
+    "prepared": ("committed", "aborting"),
     "committed": ("completed",),
+    "aborting": ("aborted",),
     "completed": (),
     "aborted": (),
 }

@@ -4,8 +4,10 @@ Why the store is the state (design D2): every read goes to the store, so a resta
 same file is, by construction, in the exact state the crashed one committed. ``shrink``/``expand``
 are two-phase (design D3): plan (persisted) -> hooks prepare -> roles and phase committed in one SQL
 transaction -> hooks commit. ``recover`` resolves a transition a crash left open: ``planned`` rolls
-back, ``prepared`` and ``committed`` roll forward. A cancelled shrink/expand is treated like a crash
-(the transition stays open until ``recover``), because an abort would itself need to await hooks.
+back, ``prepared`` and ``committed`` roll forward, ``aborting`` finishes the abort. The outcome is
+persisted before any hook hears it, so a crash while hooks are being told is finished by ``recover``
+(every hook hears it again: hooks are idempotent). A cancelled shrink/expand aborts (during prepare) or
+completes (after the commit) in a shielded task before the ``CancelledError`` reaches the caller.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Any
 from rollart.resource import checks as check
 from rollart.resource.errors import ResourceError, UnknownHardwareError
 from rollart.resource.hardware import HardwareCatalogue
+from rollart.resource.hooks import call_hook
+from rollart.resource.lease import controller_identity
 from rollart.resource.ledger import (
     TRANSITION_ROLES,
     DeviceRecord,
@@ -34,6 +38,9 @@ from rollart.resource.store import Event, EventDraft, MetadataStore, ServiceReco
 __all__ = ["Allocation", "ResourceManager", "validate_pool_spec"]
 
 logger = logging.getLogger(__name__)
+
+NOTIFY_GRACE = 1.0
+"""Seconds a hook always gets to hear commit/abort, even when the transition's deadline has passed."""
 
 
 def validate_pool_spec(pool: Mapping[str, Iterable[int]], catalogue: HardwareCatalogue) -> dict[str, tuple[int, ...]]:
@@ -101,19 +108,39 @@ class ResourceManager:
         ```
     """
 
-    def __init__(self, pool: Mapping[str, Iterable[int]] | None = None, store: str | Path | MetadataStore = ":memory:", *, catalogue: HardwareCatalogue | None = None, clock: Callable[[], float] | None = None) -> None:
-        """Open the store; a new store gets the pool (all free), a reopened one must match it (or pool=None)."""
-        # deps: validate_pool_spec, SqliteMetadataStore, MetadataStore.init_devices
+    def __init__(self, pool: Mapping[str, Iterable[int]] | None = None, store: str | Path | MetadataStore = ":memory:", *, catalogue: HardwareCatalogue | None = None, clock: Callable[[], float] | None = None, holder: str | None = None) -> None:
+        """Open the store and become its one controller (R13); a new store gets the pool (all free), a reopened one
+        must match it (or pool=None).
+
+        Args:
+            holder: this controller's identity in the lock file and in errors (default: pid, host, a token).
+
+        Raises:
+            ControllerLockHeld: another controller holds the store.
+        """
+        # deps: validate_pool_spec, SqliteMetadataStore, MetadataStore.acquire_controller, MetadataStore.init_devices
         self._catalogue = catalogue if catalogue is not None else HardwareCatalogue()
         owns_store = isinstance(store, (str, Path))
         self._store: MetadataStore = SqliteMetadataStore(store) if isinstance(store, (str, Path)) else store
         self._clock = clock
         self._hooks: list[TransitionHook] = []
         self._subscribers: list[Callable[[Event], None]] = []
-        self._published = self._store.last_event_seq()  # subscribers get events recorded from now on
+        self._background: set[asyncio.Task] = set()  # shielded transition ends and abandoned hook calls
+        self.holder = holder if holder is not None else controller_identity()
         try:
+            self._store.acquire_controller(self.holder)
+            self._published = self._store.last_event_seq()  # subscribers get events recorded from now on
             # AST: AST_PRECONDITION(pool is not None or bool(self._store.devices()), got=pool, msg="a pool spec is given or the store already holds one", exc=ResourceError)
             check.precondition(pool is not None or bool(self._store.devices()), "a pool spec is given or the store already holds one", got=pool, exc=ResourceError)  # generated #97597c3488
+            stored_types = sorted({rec.hw for rec in self._store.devices().values()})
+            try:
+                # VAL: VAL_SUBSET(stored_types, of=self._catalogue, exc=UnknownHardwareError)
+                check.subset("stored_types", stored_types, of=self._catalogue, exc=UnknownHardwareError)  # generated #d01ecbd8fe
+                pass
+            except UnknownHardwareError as exc:
+                raise UnknownHardwareError(
+                    f"store {getattr(self._store, 'path', self._store)!r}: {exc} (register a user-defined type in the "
+                    "catalogue before reopening; otherwise the store is damaged)") from None
             if pool is not None:
                 self._adopt_pool(validate_pool_spec(pool, self._catalogue))
         except BaseException:
@@ -250,21 +277,47 @@ class ResourceManager:
         self._store.begin_transition(planned, event=self._draft("transition_planned", self._payload(planned)))
         self._publish()
         try:
-            for hook in self._hooks:
-                await asyncio.wait_for(hook.prepare(planned), max(deadline - loop.time(), 0.0))
-        except Exception as exc:  # a veto, a hook error or the deadline: abort
-            if isinstance(exc, TransitionVetoed):
-                reason = exc.reason
-            elif isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
-                reason = f"prepare exceeded timeout={timeout}s"
-            else:
-                reason = f"hook prepare failed: {type(exc).__name__}: {exc}"
-            await self._abort(planned, reason, deadline)
-            if isinstance(exc, TransitionVetoed):
-                raise
-            raise TransitionVetoed(reason) from exc
+            failed = await self._prepare_all(planned, deadline, timeout)
+        except asyncio.CancelledError:
+            # the caller gave up: the move is off; the abort is persisted first, then told (shielded)
+            await self._shielded(self._abort(planned, "cancelled: the caller cancelled the transition during prepare",
+                                             deadline))
+            raise
+        if failed is not None:
+            reason, cause = failed
+            await self._shielded(self._abort(planned, reason, deadline))
+            if isinstance(cause, TransitionVetoed):
+                raise cause
+            raise TransitionVetoed(reason) from cause
         prepared = self._set_phase(planned, "prepared")
-        return await self._commit(prepared, deadline)
+        return await self._shielded(self._commit(prepared, deadline))
+
+    async def _prepare_all(self, planned: Transition, deadline: float,
+                           timeout: float) -> tuple[str, BaseException | None] | None:
+        """Every hook's prepare in order; the first veto, error, cancellation or missed deadline stops it."""
+        loop = asyncio.get_running_loop()
+        for hook in self._hooks:
+            outcome = await call_hook(hook, "prepare", planned, deadline - loop.time(), self._background)
+            if outcome.timed_out:
+                reason = f"prepare exceeded timeout={timeout}s ({outcome.hook})"
+                return reason, TimeoutError(reason)
+            if isinstance(outcome.error, TransitionVetoed):
+                return outcome.error.reason, outcome.error
+            if outcome.error is not None:
+                error = outcome.error
+                return f"hook prepare failed: {type(error).__name__}: {error}", error
+        return None
+
+    async def _shielded(self, coro: Any) -> Any:
+        """Run the rest of a transition so that the caller's cancellation cannot cut it short.
+
+        The outcome is persisted before the hooks hear it (``committed``/``aborting``), so even if the loop
+        itself goes away, ``recover`` finishes the work; shielding only makes the common case complete now.
+        """
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return await asyncio.shield(task)
 
     async def _commit(self, prepared: Transition, deadline: float) -> Transition:
         committed = self._store.commit_transition(  # the atomic point
@@ -274,21 +327,28 @@ class ResourceManager:
         return self._set_phase(committed, "completed")
 
     async def _abort(self, transition: Transition, reason: str, deadline: float) -> Transition:
-        aborted = self._set_phase(transition, "aborted", reason)
-        await self._notify("abort", aborted, list(reversed(self._hooks)), deadline)
-        return aborted
+        """Persist ``aborting`` (with the reason), tell every hook, then persist ``aborted``.
+
+        A controller killed in between leaves ``aborting`` open, and ``recover`` tells every hook again.
+        """
+        aborting = self._set_phase(transition, "aborting", reason) if transition.phase != "aborting" else transition
+        await self._notify("abort", aborting, list(reversed(self._hooks)), deadline)
+        return self._set_phase(aborting, "aborted")
 
     async def _notify(self, method: str, transition: Transition, hooks: list[TransitionHook], deadline: float) -> None:
-        """Tell hooks the outcome; their failures are logged as events and cannot change it."""
+        """Tell every hook the outcome; a failure, a CancelledError or a missed deadline of one hook is recorded
+        as a ``hook_failed`` event and neither changes the outcome nor stops the other hooks hearing it."""
         loop = asyncio.get_running_loop()
         for hook in hooks:
-            try:
-                # a hook always gets at least a second to hear the outcome, even past the deadline
-                await asyncio.wait_for(getattr(hook, method)(transition), max(deadline - loop.time(), 1.0))
-            except Exception as exc:
-                logger.exception("transition hook %r.%s failed", hook, method)
-                self.record_event("hook_failed", {**self._payload(transition), "method": method,
-                                                  "hook": type(hook).__name__, "error": f"{type(exc).__name__}: {exc}"})
+            # a hook always gets at least NOTIFY_GRACE seconds to hear the outcome, even past the deadline
+            outcome = await call_hook(hook, method, transition, max(deadline - loop.time(), NOTIFY_GRACE),
+                                      self._background)
+            if outcome.ok:
+                continue
+            logger.warning("transition hook %s", outcome.describe())
+            error = "deadline exceeded" if outcome.timed_out else f"{type(outcome.error).__name__}: {outcome.error}"
+            self.record_event("hook_failed", {**self._payload(transition), "method": method,
+                                              "hook": outcome.hook, "error": error})
 
     def _set_phase(self, transition: Transition, phase: str, reason: str | None = None) -> Transition:
         payload = self._payload(transition, phase) | ({"reason": reason} if reason is not None else {})
@@ -312,9 +372,11 @@ class ResourceManager:
             return None
         deadline = asyncio.get_running_loop().time() + timeout
         self.record_event("transition_recovering", self._payload(pending))
-        if pending.phase == "planned":
+        if pending.phase == "planned":  # some hooks may have prepared: every hook hears the abort
             result = await self._abort(pending, "recovered: rolled back (the controller stopped before prepare ended)",
                                        deadline)
+        elif pending.phase == "aborting":  # the controller stopped while hooks heard the abort: all hear it again
+            result = await self._abort(pending, "", deadline)
         elif pending.phase == "prepared":
             result = await self._commit(pending, deadline)
         else:  # committed: roles are applied, the hooks may not have heard

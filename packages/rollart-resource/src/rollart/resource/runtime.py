@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from rollart.resource import checks as check
-from rollart.resource.errors import PlacementTimeout, ResourceError, WorkerDiedError
+from rollart.resource.errors import CallTimeout, PlacementTimeout, ResourceError, WorkerDiedError
 
 __all__ = ["LocalRuntime", "RayRuntime", "WorkerContext", "WorkerRuntime", "bundle_for"]
 
@@ -50,7 +50,7 @@ class WorkerRuntime(Protocol):
     """Where workers live: in this process (LocalRuntime) or as Ray actors (RayRuntime)."""
 
     async def spawn(self, worker_cls: type, context: WorkerContext, args: tuple, kwargs: Mapping[str, Any], *, timeout: float) -> Any: ...
-    async def call(self, handle: Any, method: str, args: tuple, kwargs: Mapping[str, Any]) -> Any: ...
+    async def call(self, handle: Any, method: str, args: tuple, kwargs: Mapping[str, Any], *, timeout: float | None = None) -> Any: ...
     async def kill(self, handle: Any) -> None: ...
     async def restart(self, handle: Any, *, timeout: float) -> Any: ...
     async def remove(self, handle: Any) -> None: ...
@@ -91,14 +91,23 @@ class LocalRuntime:
         check.timeout("timeout", timeout, exc=ResourceError)  # generated #db0d52c256
         return _LocalHandle(worker_cls(context, *args, **dict(kwargs)), worker_cls, context, tuple(args), dict(kwargs))
 
-    async def call(self, handle: Any, method: str, args: tuple, kwargs: Mapping[str, Any]) -> Any:
-        """Call a method (awaiting it if async); a killed worker raises WorkerDiedError."""
+    async def call(self, handle: Any, method: str, args: tuple, kwargs: Mapping[str, Any], *, timeout: float | None = None) -> Any:
+        """Call a method (awaiting it if async); a killed worker raises WorkerDiedError.
+
+        ``timeout`` bounds an async method (it is cancelled at the deadline, CallTimeout); a sync method
+        runs on the caller's loop and cannot be interrupted in-process (use the Ray runtime for those).
+        """
         # deps: none
         if not handle.alive:
             raise WorkerDiedError(f"worker {handle.context.owner}/{handle.context.rank} is dead (local runtime)")
         result = getattr(handle.worker, method)(*args, **kwargs)
         if inspect.isawaitable(result):
-            result = await result
+            if timeout is None:
+                return await result
+            try:
+                return await asyncio.wait_for(result, timeout)
+            except TimeoutError:
+                raise CallTimeout(handle.context.owner, handle.context.rank, method, timeout) from None
         return result
 
     async def kill(self, handle: Any) -> None:
@@ -203,13 +212,27 @@ class RayRuntime:
             raise WorkerDiedError(f"worker {handle.context.owner}/{handle.context.rank} died while starting: "
                                   f"{exc}") from exc
 
-    async def call(self, handle: Any, method: str, args: tuple, kwargs: Mapping[str, Any]) -> Any:
-        """Await the actor call; a dead actor becomes WorkerDiedError."""
+    async def call(self, handle: Any, method: str, args: tuple, kwargs: Mapping[str, Any], *, timeout: float | None = None) -> Any:
+        """Await the actor call; a dead actor becomes WorkerDiedError, a missed deadline CallTimeout.
+
+        At the deadline the task is cancelled with ``ray.cancel`` (an async actor's coroutine is
+        cancelled; a sync method already running cannot be, and keeps its actor busy).
+        """
         # deps: none
         import ray
 
+        ref = getattr(handle.actor, method).remote(*args, **kwargs)
         try:
-            return await getattr(handle.actor, method).remote(*args, **kwargs)
+            if timeout is None:
+                return await ref
+            try:
+                return await _await_ref(ref, timeout)
+            except TimeoutError:
+                try:
+                    ray.cancel(ref)
+                except Exception:  # cancellation is best effort; the caller gets CallTimeout anyway
+                    pass
+                raise CallTimeout(handle.context.owner, handle.context.rank, method, timeout) from None
         except ray.exceptions.RayActorError as exc:
             raise WorkerDiedError(f"worker {handle.context.owner}/{handle.context.rank} is dead: "
                                   f"{type(exc).__name__}") from exc

@@ -5,15 +5,24 @@ transaction) and a restart must see exactly what was committed; SQLite in WAL mo
 the standard library, with concurrent readers. ``MetadataStore`` is the small protocol the manager
 uses, so a store on shared storage can replace ``SqliteMetadataStore``.
 
-Durability: ``synchronous=NORMAL`` in WAL mode survives a crash of the controller process (what the
-ledger's recovery is about); only an OS crash or power loss may lose the last commits.
+Durability (design R15, D19): WAL with ``synchronous=FULL`` (the default): a commit is on disk before
+the call returns, so before any hook hears the outcome; a kill of the process or a power loss loses
+nothing committed. A damaged or deleted WAL loses the transactions from the damaged frame on (SQLite
+keeps the consistent prefix; not detected). The store does not trust what it reads (D18): every row
+carries a CRC-32 checked on every read, every value is checked against the known roles, phases and
+health values, and a file that is empty, foreign, fails ``integrity_check`` or has a wrong schema or
+row is refused at open with ``StoreDamaged`` naming the file and what to do.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import os
 import sqlite3
-from collections.abc import Iterator, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +30,22 @@ from typing import Any, Protocol, runtime_checkable
 
 from rollart.resource import checks as check
 from rollart.resource.errors import ResourceError, TransitionInFlight
+from rollart.resource.integrity import (
+    APPLICATION_ID,
+    CRC_COLUMNS,
+    BadRow,
+    StoreDamaged,
+    check_file,
+    checksum_migration,
+    install_checksum_function,
+    row_checksum,
+)
+from rollart.resource.lease import ControllerLock, StaleController
 from rollart.resource.ledger import (
     OPEN_PHASES,
     PHASE_MOVES,
+    PHASES,
+    ROLES,
     TRANSITION_ROLES,
     DeviceRecord,
     Transition,
@@ -41,6 +63,7 @@ __all__ = [
     "SqliteMetadataStore",
     "StoreSnapshot",
     "WorkerRecord",
+    "StoreDamaged",
     "migrate",
 ]
 
@@ -62,8 +85,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE TABLE services (name TEXT PRIMARY KEY, url TEXT NOT NULL, owner TEXT NOT NULL, health TEXT NOT NULL,"
         " last_error TEXT)",
     ),
+    (  # v3: one controller per store: its fencing epoch, and the epoch that last moved each transition
+        "CREATE TABLE controller (id INTEGER PRIMARY KEY CHECK (id = 1), epoch INTEGER NOT NULL, holder TEXT NOT NULL)",
+        "ALTER TABLE transitions ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0",
+    ),
+    checksum_migration(),  # v4: a CRC-32 per row kept by triggers, and the rollart application id
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+SYNCHRONOUS: tuple[str, ...] = ("FULL", "EXTRA", "NORMAL")
 
 
 @dataclass(frozen=True)
@@ -157,6 +186,7 @@ class MetadataStore(Protocol):
     """The small interface the manager needs; SqliteMetadataStore is the embedded implementation."""
 
     def schema_version(self) -> int: ...
+    def acquire_controller(self, holder: str) -> int: ...
     def devices(self) -> dict[int, DeviceRecord]: ...
     def init_devices(self, devices: Sequence[DeviceRecord], *, event: EventDraft | None = None) -> None: ...
     def claim(self, owner: str, role: str, devices: Sequence[int], *, event: EventDraft | None = None) -> None: ...
@@ -177,36 +207,253 @@ class MetadataStore(Protocol):
     def close(self) -> None: ...
 
 
-def _transition_of(row: sqlite3.Row | tuple) -> Transition:
-    tid, kind, from_role, to_role, devices, phase = row
-    return Transition(tid, kind, from_role, to_role, tuple(json.loads(devices)), phase)
+def _checked_row(table: str, row: tuple) -> tuple:
+    """The row's values without its checksum, after checking the checksum."""
+    *values, crc = row
+    # VAL: VAL_CHECKSUM(crc, expected=row_checksum(table, *values), exc=BadRow)
+    check.checksum("crc", crc, row_checksum(table, *values), exc=BadRow)  # generated #e3acbf07e8
+    return tuple(values)
+
+
+def _ids(text: str) -> tuple[int, ...]:
+    ids = json.loads(text)
+    # VAL: VAL_TYPE(ids, list, exc=BadRow)
+    check.of_type("ids", ids, list, exc=BadRow)  # generated #5208261907
+    # VAL: VAL_INT_RANGE(ids, min=0, max=2**31 - 1, each=True, exc=BadRow)
+    check.int_range_each("ids", ids, min=0, max=2**31 - 1, exc=BadRow)  # generated #2d735da989
+    return tuple(ids)
+
+
+def _device_of(row: tuple) -> DeviceRecord:
+    did, hw, role, owner = _checked_row("devices", row)
+    # VAL: VAL_TYPE(hw, str, exc=BadRow)
+    check.of_type("hw", hw, str, exc=BadRow)  # generated #76b0765580
+    # VAL: VAL_NON_EMPTY(hw, exc=BadRow)
+    check.non_empty("hw", hw, exc=BadRow)  # generated #381a6ddbc2
+    # VAL: VAL_ONE_OF(role, choices=ROLES, exc=BadRow)
+    check.one_of("role", role, ROLES, exc=BadRow)  # generated #17ad3d0bfd
+    # AST: AST_INVARIANT((role == "free") == (owner is None), got=(role, owner), msg="a device is free iff it has no owner", exc=BadRow)
+    check.invariant((role == "free") == (owner is None), "a device is free iff it has no owner", got=(role, owner), exc=BadRow)  # generated #fb36c4f00f
+    # AST: AST_INVARIANT(owner is None or (isinstance(owner, str) and owner != ""), got=owner, msg="an owner is a non-empty name", exc=BadRow)
+    check.invariant(owner is None or (isinstance(owner, str) and owner != ""), "an owner is a non-empty name", got=owner, exc=BadRow)  # generated #7fbbb95703
+    return DeviceRecord(did, hw, role, owner)
+
+
+def _transition_of(row: tuple) -> Transition:
+    _seq, tid, kind, from_role, to_role, devices, phase, _reason, _epoch = _checked_row("transitions", row)
+    # VAL: VAL_ONE_OF(kind, choices=("shrink", "expand"), exc=BadRow)
+    check.one_of("kind", kind, ("shrink", "expand"), exc=BadRow)  # generated #c3d5e2e120
+    # VAL: VAL_ONE_OF(from_role, choices=TRANSITION_ROLES, exc=BadRow)
+    check.one_of("from_role", from_role, TRANSITION_ROLES, exc=BadRow)  # generated #7d740c1367
+    # VAL: VAL_ONE_OF(to_role, choices=TRANSITION_ROLES, exc=BadRow)
+    check.one_of("to_role", to_role, TRANSITION_ROLES, exc=BadRow)  # generated #b9633501d2
+    # VAL: VAL_ONE_OF(phase, choices=PHASES, exc=BadRow)
+    check.one_of("phase", phase, PHASES, exc=BadRow)  # generated #44ed0f3fa9
+    return Transition(tid, kind, from_role, to_role, _ids(devices), phase)
+
+
+def _event_of(row: tuple) -> Event:
+    seq, kind, payload, at = _checked_row("events", row)
+    # VAL: VAL_NON_EMPTY(kind, exc=BadRow)
+    check.non_empty("kind", kind, exc=BadRow)  # generated #38f9ec144b
+    # VAL: VAL_FINITE(at, exc=BadRow)
+    check.finite("at", at, exc=BadRow)  # generated #25eb71f5a0
+    body = json.loads(payload)
+    # VAL: VAL_TYPE(body, dict, exc=BadRow)
+    check.of_type("body", body, dict, exc=BadRow)  # generated #2d45dfe813
+    return Event(seq, kind, body, at)
 
 
 def _worker_of(row: tuple) -> WorkerRecord:
-    wid, owner, rank, hw, devices, health, restarts = row
-    return WorkerRecord(wid, owner, rank, hw, tuple(json.loads(devices)), health, restarts)
+    wid, owner, rank, hw, devices, health, restarts = _checked_row("workers", row)
+    # VAL: VAL_ONE_OF(health, choices=WORKER_HEALTH, exc=BadRow)
+    check.one_of("health", health, WORKER_HEALTH, exc=BadRow)  # generated #1d77a73fa7
+    # VAL: VAL_INT_RANGE(rank, min=0, max=2**31 - 1, exc=BadRow)
+    check.int_range("rank", rank, min=0, max=2**31 - 1, exc=BadRow)  # generated #74afde493a
+    return WorkerRecord(wid, owner, rank, hw, _ids(devices), health, restarts)
 
 
-_TRANSITION_COLS = "id, kind, from_role, to_role, devices, phase"
+def _service_of(row: tuple) -> ServiceRecord:
+    name, url, owner, health, last_error = _checked_row("services", row)
+    # VAL: VAL_ONE_OF(health, choices=SERVICE_HEALTH, exc=BadRow)
+    check.one_of("health", health, SERVICE_HEALTH, exc=BadRow)  # generated #51784e3604
+    return ServiceRecord(name, url, owner, health, last_error)
+
+
+def _controller_of(row: tuple) -> tuple[int, str]:
+    _id, epoch, holder = _checked_row("controller", row)
+    # VAL: VAL_INT_RANGE(epoch, min=1, max=2**62, exc=BadRow)
+    check.int_range("epoch", epoch, min=1, max=2**62, exc=BadRow)  # generated #6442db0e92
+    return epoch, holder
+
+
+_DECODERS: dict[str, Callable[[tuple], Any]] = {
+    "devices": _device_of, "transitions": _transition_of, "events": _event_of, "workers": _worker_of,
+    "services": _service_of, "controller": _controller_of,
+}
+_SELECT = {table: f"SELECT {', '.join((*cols, 'crc'))} FROM {table}" for table, cols in CRC_COLUMNS.items()}
+
+
+def _is_damage(exc: sqlite3.Error) -> bool:
+    """SQLite errors that mean a damaged file (not a busy lock, not a bug in a statement of ours)."""
+    text = str(exc).lower()
+    return type(exc) is sqlite3.DatabaseError or any(
+        sign in text for sign in ("malformed", "corrupt", "not a database", "no such table", "no such column",
+                                  "no such function", "disk i/o", "unsupported file format", "syntax error",
+                                  "could not decode"))
+
+
+def _sqlite_damage_is_store_damage(method: Callable) -> Callable:
+    """Turn a raw ``sqlite3.DatabaseError`` ("database disk image is malformed") into StoreDamaged naming the file."""
+    @functools.wraps(method)
+    def wrapper(self: SqliteMetadataStore, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except UnicodeDecodeError as exc:
+            raise StoreDamaged(self.path, f"text that is not UTF-8: {exc}") from exc
+        except sqlite3.Error as exc:
+            if _is_damage(exc):
+                raise StoreDamaged(self.path, f"SQLite: {exc}") from exc
+            raise
+    return wrapper
+
+
+def _create_atomically(path: str) -> None:
+    """Create a new store beside its path, complete, then link it into place (never replacing a file).
+
+    Why: ``sqlite3.connect`` creates an empty file first; a controller killed before the first commit would
+    leave a 0-byte store, which the next open must refuse (it cannot tell it from a truncated one). Created
+    aside and linked in, the store at ``path`` is always either absent or a complete, migrated database.
+    """
+    tmp = f"{path}.creating-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        conn = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            migrate(conn)
+        finally:
+            conn.close()  # the last connection checkpoints: the whole database is in the file
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)  # atomic, and fails if another process created the store meanwhile
+        except FileExistsError:
+            pass
+        dir_fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    finally:
+        for leftover in (tmp, f"{tmp}-wal", f"{tmp}-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leftover)
+
+
+def _expected_schema() -> list[tuple]:
+    """The schema this code creates (sqlite_master rows), to compare an opened file against."""
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        migrate(conn)
+        return conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name").fetchall()
+    finally:
+        conn.close()
 
 
 class SqliteMetadataStore:
-    """The embedded store: one SQLite file (WAL), every multi-row change in one transaction."""
+    """The embedded store: one SQLite file (WAL), every multi-row change in one transaction, every row checked."""
 
-    def __init__(self, path: str | Path = ":memory:", *, busy_timeout: float = 5.0) -> None:
-        """Open (creating or migrating) the file; the busy timeout is the deadline for the write lock."""
-        # deps: migrate
+    def __init__(self, path: str | Path = ":memory:", *, busy_timeout: float = 5.0, synchronous: str = "FULL") -> None:
+        """Open (creating or migrating) the file and verify it; the busy timeout is the deadline for the write lock.
+
+        Raises:
+            StoreDamaged: the file exists but is empty, is not a rollart store, or fails ``verify``.
+        """
+        # deps: migrate, check_file, SqliteMetadataStore.verify
         # VAL: VAL_TIMEOUT(busy_timeout, exc=ResourceError)
         check.timeout("busy_timeout", busy_timeout, exc=ResourceError)  # generated #cac9625f79
+        # VAL: VAL_ONE_OF(synchronous, choices=SYNCHRONOUS, exc=ResourceError)
+        check.one_of("synchronous", synchronous, SYNCHRONOUS, exc=ResourceError)  # generated #90613314ea
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            if not check_file(self.path):
+                _create_atomically(self.path)
         # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so a write transaction takes the
         # write lock up front and a validation inside it sees the state it is about to change.
+        self._epoch: int | None = None  # the fencing epoch, once this handle acquired the store as its controller
+        self._lock: ControllerLock | None = None
         self._conn = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        migrate(self._conn)
+        try:
+            install_checksum_function(self._conn)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute(f"PRAGMA synchronous={synchronous}")
+            migrate(self._conn)
+            self.verify()
+        except UnicodeDecodeError as exc:  # text SQLite hands back that is not UTF-8 (the schema, a value)
+            self._conn.close()
+            raise StoreDamaged(self.path, f"text that is not UTF-8: {exc}") from exc
+        except sqlite3.Error as exc:
+            self._conn.close()
+            if _is_damage(exc):
+                raise StoreDamaged(self.path, f"SQLite cannot open it: {exc}") from exc
+            raise
+        except StoreDamaged:
+            self._conn.close()
+            raise
+        except ResourceError as exc:  # e.g. a schema version from the future: say which file
+            self._conn.close()
+            raise type(exc)(f"metadata store {self.path}: {exc}") from None
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def verify(self) -> None:
+        """Check the whole file: SQLite's pages, the application id, the schema, every row's checksum and values.
+
+        Run at open; cheap for a control-plane store (a few thousand rows: milliseconds).
+
+        Raises:
+            StoreDamaged: naming the file, the first problem found, and what to do.
+        """
+        # deps: none
+        problems = [r[0] for r in self._conn.execute("PRAGMA integrity_check(5)").fetchall()]
+        if problems != ["ok"]:
+            raise StoreDamaged(self.path, "SQLite integrity_check found " + "; ".join(map(str, problems)))
+        app = self._conn.execute("PRAGMA application_id").fetchone()[0]
+        if app != APPLICATION_ID:
+            raise StoreDamaged(self.path, f"application_id is {app:#x}, not a rollart store ({APPLICATION_ID:#x})")
+        schema = self._conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name").fetchall()
+        expected = _expected_schema()
+        if schema != expected:
+            differ = sorted({r[1] for r in set(schema) ^ set(expected)})
+            raise StoreDamaged(self.path, f"its schema differs from the one this code creates (in {differ})")
+        devices = self.devices()
+        transitions = self.transitions()
+        self.events()
+        self.workers()
+        self.services()
+        self._read("controller")
+        if not devices and (transitions or self._conn.execute(
+                "SELECT 1 FROM events WHERE kind = 'pool_created' LIMIT 1").fetchone()):
+            raise StoreDamaged(self.path, "the device rows are missing while transitions or a pool_created event exist")
+        for t in transitions:
+            if not set(t.devices) <= set(devices):
+                raise StoreDamaged(self.path, f"transition {t.id} names devices {sorted(set(t.devices) - set(devices))} "
+                                              "that the ledger does not hold")
+
+    def _read(self, table: str, where: str = "", args: Sequence[Any] = ()) -> list[Any]:
+        """Rows of one table, each checked (checksum, values) and decoded; a bad row is StoreDamaged."""
+        out = []
+        for row in self._conn.execute(f"{_SELECT[table]} {where}", tuple(args)).fetchall():
+            try:
+                out.append(_DECODERS[table](row))
+            except (ValueError, TypeError) as exc:
+                raise StoreDamaged(self.path, f"table {table}, row {row[0]!r}: {exc}") from None
+        return out
 
     # -- plumbing ---------------------------------------------------------------------------
     @contextmanager
@@ -214,13 +461,30 @@ class SqliteMetadataStore:
         """One write transaction; the event (if any) is appended inside it, so it commits with the change."""
         self._conn.execute("BEGIN IMMEDIATE")
         try:
+            self._check_fence()
             yield self._conn
             if event is not None:
                 self._insert_event(event)
         except BaseException:
-            self._conn.execute("ROLLBACK")
+            if self._conn.in_transaction:  # SQLite may have rolled back already (a damaged page)
+                self._conn.execute("ROLLBACK")
             raise
         self._conn.execute("COMMIT")
+
+    def _check_fence(self) -> None:
+        """Inside a write transaction: refuse the write unless this handle is the store's current controller."""
+        rows = self._read("controller", "WHERE id = 1")
+        row = rows[0] if rows else None
+        if row is None:
+            return  # nobody ever controlled this store (a bare store used directly, e.g. by a tool or a test)
+        if self._epoch is None:
+            raise StaleController(f"store {self.path}: this handle is not its controller (the store is held by "
+                                  f"{row[1]}, epoch {row[0]}); only the controller writes: read only, or go through "
+                                  "the ResourceManager that holds the store")
+        if row[0] != self._epoch:
+            raise StaleController(f"store {self.path}: this controller (epoch {self._epoch}) is stale: {row[1]} took the "
+                                  f"store over at epoch {row[0]}, so this write was refused and nothing changed. Stop "
+                                  "this controller; the current holder finishes any open transition with recover()")
 
     def _insert_event(self, event: EventDraft) -> int:
         if not event.kind:
@@ -230,10 +494,39 @@ class SqliteMetadataStore:
                                   (event.kind, text, event.at)).lastrowid
 
     def _transition(self, transition_id: str) -> Transition:
-        row = self._conn.execute(f"SELECT {_TRANSITION_COLS} FROM transitions WHERE id = ?", (transition_id,)).fetchone()
-        if row is None:
+        rows = self._read("transitions", "WHERE id = ?", (transition_id,))
+        if not rows:
             raise ResourceError(f"transition_id {transition_id!r} is not a known transition")
-        return _transition_of(row)
+        return rows[0]
+
+    # -- controller -----------------------------------------------------------------------------
+    def acquire_controller(self, holder: str) -> int:
+        """Become the store's one controller: take the file lock, then bump and keep the fencing epoch.
+
+        Returns:
+            This controller's epoch; every later write of this handle checks it is still the store's.
+
+        Raises:
+            ControllerLockHeld: another live controller holds the store (the message names it).
+        """
+        # deps: ControllerLock.acquire
+        # VAL: VAL_NON_EMPTY(holder, exc=ResourceError)
+        check.non_empty("holder", holder, exc=ResourceError)  # generated #aa15354e23
+        if self.path != ":memory:" and self._lock is None:
+            lock = ControllerLock(self.path)
+            lock.acquire(holder)
+            self._lock = lock
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._conn.execute("INSERT INTO controller (id, epoch, holder) VALUES (1, 1, ?) "
+                               "ON CONFLICT(id) DO UPDATE SET epoch = epoch + 1, holder = excluded.holder", (holder,))
+            epoch = self._conn.execute("SELECT epoch FROM controller WHERE id = 1").fetchone()[0]
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+        self._epoch = epoch
+        return epoch
 
     # -- ledger -------------------------------------------------------------------------------
     def schema_version(self) -> int:
@@ -244,8 +537,7 @@ class SqliteMetadataStore:
     def devices(self) -> dict[int, DeviceRecord]:
         """The ledger: every device by id."""
         # deps: none
-        rows = self._conn.execute("SELECT id, hw, role, owner FROM devices ORDER BY id").fetchall()
-        return {r[0]: DeviceRecord(*r) for r in rows}
+        return {rec.id: rec for rec in self._read("devices", "ORDER BY id")}
 
     def init_devices(self, devices: Sequence[DeviceRecord], *, event: EventDraft | None = None) -> None:
         """Create the device rows of a new pool, all free; refuses if rows exist already."""
@@ -269,7 +561,7 @@ class SqliteMetadataStore:
         # VAL: VAL_NON_EMPTY(devices, exc=ResourceError)
         check.non_empty("devices", devices, exc=ResourceError)  # generated #dee40652f9
         with self._write(event) as conn:
-            free = {r[0] for r in conn.execute("SELECT id FROM devices WHERE role = 'free'")}
+            free = {d for d, rec in self.devices().items() if rec.role == "free"}
             # VAL: VAL_SUBSET(devices, of=free, exc=ResourceError)
             check.subset("devices", devices, of=free, exc=ResourceError)  # generated #3a721be890
             conn.executemany("UPDATE devices SET role = ?, owner = ? WHERE id = ?", [(role, owner, d) for d in devices])
@@ -281,7 +573,7 @@ class SqliteMetadataStore:
         """
         # deps: none
         with self._write() as conn:
-            owned = [r[0] for r in conn.execute("SELECT id FROM devices WHERE owner = ? ORDER BY id", (owner,))]
+            owned = [d for d, rec in self.devices().items() if rec.owner == owner]
             devices = owned if devices is None else list(devices)
             # VAL: VAL_SUBSET(devices, of=owned, exc=ResourceError)
             check.subset("devices", devices, of=owned, exc=ResourceError)  # generated #e72e19808a
@@ -311,9 +603,9 @@ class SqliteMetadataStore:
             devices = validate_transition(transition.kind, transition.from_role, transition.to_role,
                                           transition.devices, self.devices())
             conn.execute(
-                "INSERT INTO transitions (id, kind, from_role, to_role, devices, phase) VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO transitions (id, kind, from_role, to_role, devices, phase, epoch) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (transition.id, transition.kind, transition.from_role, transition.to_role, json.dumps(devices),
-                 "planned"))
+                 "planned", self._epoch or 0))
 
     def set_phase(self, transition_id: str, phase: str, reason: str | None = None, *, event: EventDraft | None = None) -> Transition:
         """Move a transition along the state machine (not to committed: that is commit_transition)."""
@@ -324,8 +616,8 @@ class SqliteMetadataStore:
             current = self._transition(transition_id)
             # VAL: VAL_STATE_TRANSITION(current.phase, phase, allowed=PHASE_MOVES, exc=ResourceError)
             check.transition("current.phase", current.phase, phase, PHASE_MOVES, exc=ResourceError)  # generated #e7d9c1a179
-            conn.execute("UPDATE transitions SET phase = ?, reason = COALESCE(?, reason) WHERE id = ?",
-                         (phase, reason, transition_id))
+            conn.execute("UPDATE transitions SET phase = ?, reason = COALESCE(?, reason), epoch = ? WHERE id = ?",
+                         (phase, reason, self._epoch or 0, transition_id))
         return Transition(current.id, current.kind, current.from_role, current.to_role, current.devices, phase)
 
     def commit_transition(self, transition_id: str, *, event: EventDraft | None = None) -> Transition:
@@ -340,30 +632,26 @@ class SqliteMetadataStore:
             # AST: AST_INVARIANT(len(moved) == len(current.devices), got=current.devices, msg="every device of the transition still has its from_role", exc=ResourceError)
             check.invariant(len(moved) == len(current.devices), "every device of the transition still has its from_role", got=current.devices, exc=ResourceError)  # generated #b1561f28c8
             conn.executemany("UPDATE devices SET role = ? WHERE id = ?", [(current.to_role, d) for d in current.devices])
-            conn.execute("UPDATE transitions SET phase = 'committed' WHERE id = ?", (transition_id,))
+            conn.execute("UPDATE transitions SET phase = 'committed', epoch = ? WHERE id = ?",
+                         (self._epoch or 0, transition_id))
         return Transition(current.id, current.kind, current.from_role, current.to_role, current.devices, "committed")
 
     def open_transition(self) -> Transition | None:
         """The transition in planned/prepared/committed, if any (at most one)."""
         # deps: none
         marks = ", ".join("?" * len(OPEN_PHASES))
-        row = self._conn.execute(
-            f"SELECT {_TRANSITION_COLS} FROM transitions WHERE phase IN ({marks}) ORDER BY seq LIMIT 1", OPEN_PHASES
-        ).fetchone()
-        return None if row is None else _transition_of(row)
+        rows = self._read("transitions", f"WHERE phase IN ({marks}) ORDER BY seq LIMIT 1", OPEN_PHASES)
+        return rows[0] if rows else None
 
     def transitions(self) -> list[Transition]:
         """All transitions, oldest first (the history of the ledger)."""
         # deps: none
-        rows = self._conn.execute(f"SELECT {_TRANSITION_COLS} FROM transitions ORDER BY seq").fetchall()
-        return [_transition_of(r) for r in rows]
+        return self._read("transitions", "ORDER BY seq")
 
     def transition_reason(self, transition_id: str) -> str | None:
         """Why a transition was aborted (or how it was recovered), if recorded."""
-        row = self._conn.execute("SELECT reason FROM transitions WHERE id = ?", (transition_id,)).fetchone()
-        if row is None:
-            raise ResourceError(f"transition_id {transition_id!r} is not a known transition")
-        return row[0]
+        self._transition(transition_id)  # checks the row (its checksum covers the reason)
+        return self._conn.execute("SELECT reason FROM transitions WHERE id = ?", (transition_id,)).fetchone()[0]
 
     # -- workers and services ----------------------------------------------------------------
     def put_worker(self, record: WorkerRecord, *, event: EventDraft | None = None) -> None:
@@ -372,19 +660,17 @@ class SqliteMetadataStore:
         # VAL: VAL_ONE_OF(record.health, choices=WORKER_HEALTH, exc=ResourceError)
         check.one_of("record.health", record.health, WORKER_HEALTH, exc=ResourceError)  # generated #f6ba681bf2
         with self._write(event) as conn:
-            conn.execute("INSERT OR REPLACE INTO workers VALUES (?, ?, ?, ?, ?, ?, ?)",
+            conn.execute("INSERT OR REPLACE INTO workers (id, owner, rank, hw, devices, health, restarts) "
+                         "VALUES (?, ?, ?, ?, ?, ?, ?)",
                          (record.id, record.owner, record.rank, record.hw, json.dumps(list(record.devices)),
                           record.health, record.restarts))
 
     def workers(self, owner: str | None = None) -> list[WorkerRecord]:
         """Worker rows, all or one owner's, by id."""
         # deps: none
-        cols = "id, owner, rank, hw, devices, health, restarts"
         if owner is None:
-            rows = self._conn.execute(f"SELECT {cols} FROM workers ORDER BY owner, rank").fetchall()
-        else:
-            rows = self._conn.execute(f"SELECT {cols} FROM workers WHERE owner = ? ORDER BY rank", (owner,)).fetchall()
-        return [_worker_of(r) for r in rows]
+            return self._read("workers", "ORDER BY owner, rank")
+        return self._read("workers", "WHERE owner = ? ORDER BY rank", (owner,))
 
     def put_service(self, record: ServiceRecord, *, event: EventDraft | None = None) -> None:
         """Insert or replace a service row."""
@@ -392,14 +678,13 @@ class SqliteMetadataStore:
         # VAL: VAL_ONE_OF(record.health, choices=SERVICE_HEALTH, exc=ResourceError)
         check.one_of("record.health", record.health, SERVICE_HEALTH, exc=ResourceError)  # generated #4cdad7067c
         with self._write(event) as conn:
-            conn.execute("INSERT OR REPLACE INTO services VALUES (?, ?, ?, ?, ?)",
+            conn.execute("INSERT OR REPLACE INTO services (name, url, owner, health, last_error) VALUES (?, ?, ?, ?, ?)",
                          (record.name, record.url, record.owner, record.health, record.last_error))
 
     def services(self) -> list[ServiceRecord]:
         """Registered services by name."""
         # deps: none
-        rows = self._conn.execute("SELECT name, url, owner, health, last_error FROM services ORDER BY name")
-        return [ServiceRecord(*r) for r in rows.fetchall()]
+        return self._read("services", "ORDER BY name")
 
     # -- events ---------------------------------------------------------------------------------
     def append_event(self, kind: str, payload: Mapping[str, Any], at: float) -> Event:
@@ -415,8 +700,7 @@ class SqliteMetadataStore:
     def events(self, since: int = 0) -> list[Event]:
         """Events with seq > since, in order."""
         # deps: none
-        rows = self._conn.execute("SELECT seq, kind, payload, at FROM events WHERE seq > ? ORDER BY seq", (since,))
-        return [Event(seq, kind, json.loads(payload), at) for seq, kind, payload, at in rows.fetchall()]
+        return self._read("events", "WHERE seq > ? ORDER BY seq", (since,))
 
     def last_event_seq(self) -> int:
         """The seq of the newest event (0 when the log is empty), so a reader can follow the log."""
@@ -431,9 +715,18 @@ class SqliteMetadataStore:
                              tuple(self.workers()), tuple(self.services()), tuple(self.events()))
 
     def close(self) -> None:
-        """Close the connection (a crashed controller simply never calls it)."""
+        """Close the connection and drop the controller lock (a crashed controller's lock the kernel drops)."""
         # deps: none
         self._conn.close()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+
+for _name in ("schema_version", "acquire_controller", "devices", "init_devices", "claim", "release", "begin_transition",
+              "set_phase", "commit_transition", "open_transition", "transitions", "transition_reason", "put_worker",
+              "workers", "put_service", "services", "append_event", "events", "last_event_seq", "snapshot", "verify"):
+    setattr(SqliteMetadataStore, _name, _sqlite_damage_is_store_damage(getattr(SqliteMetadataStore, _name)))
 
 
 def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
@@ -441,6 +734,7 @@ def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
     # deps: MIGRATIONS
     # VAL: VAL_INT_RANGE(target, min=1, max=SCHEMA_VERSION, exc=ResourceError)
     check.int_range("target", target, min=1, max=SCHEMA_VERSION, exc=ResourceError)  # generated #fc658e50cc
+    install_checksum_function(conn)  # the v4 triggers call it
     current = conn.execute("PRAGMA user_version").fetchone()[0]
     if current > SCHEMA_VERSION:
         raise ResourceError(f"store schema version {current} is newer than this code supports ({SCHEMA_VERSION}); "
@@ -452,7 +746,8 @@ def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {version:d}")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
     return max(current, target)

@@ -5,6 +5,11 @@ service returns stored results for keys it already scored, so a trajectory is ne
 Only unfinished items (transport failure, `timeout`/`busy`) are re-sent. The caller's deadline
 bounds everything: each attempt's HTTP timeout and the server-side `timeout_s` are cut to what is
 left, and a batch not done by the deadline raises `RewardTimeoutError`.
+
+Why retry until the deadline (design D12): a service restart takes seconds, and connection errors
+are instant, so a fixed attempt count spent itself in a few seconds of backoff and gave up long
+before the deadline. Attempts are spaced by exponential backoff with equal jitter
+(`backoff_delay`), a 429's `Retry-After` is honoured, and `max_attempts` is only an optional cap.
 """
 
 from __future__ import annotations
@@ -18,10 +23,22 @@ import httpx
 
 from rollart.env.trajectory import Trajectory
 from rollart.resource import checks as check
-from rollart.reward.errors import RewardError, RewardRequestError, RewardTimeoutError
+from rollart.reward.errors import RewardAttemptsExhaustedError, RewardError, RewardRequestError, RewardTimeoutError
 from rollart.reward.protocol import RewardResult
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+def backoff_delay(attempt: int, base_s: float, max_s: float, rng: random.Random) -> float:
+    """The pause after failed attempt number `attempt` (1-based): exponential, capped, equal jitter.
+
+    Half of `min(max_s, base_s * 2**(attempt-1))` is fixed and half random, so clients that failed
+    together do not retry together, yet each pause keeps growing (unlike full jitter, which may
+    retry at once against a server that is still down).
+    """
+    # deps: random.Random.uniform
+    ceiling = min(max_s, base_s * 2 ** min(attempt - 1, 60))
+    return ceiling / 2 + rng.uniform(0, ceiling / 2)
 
 
 def idempotency_key(reward: str, trajectory: Trajectory) -> str:
@@ -37,18 +54,24 @@ class RewardClient:
         base_url: str,
         token: str,
         timeout_s: float = 30.0,
-        max_attempts: int = 8,
+        max_attempts: int | None = None,
         backoff_base_s: float = 0.1,
         backoff_max_s: float = 2.0,
         seed: int | None = None,
     ) -> None:
-        """`timeout_s` bounds one HTTP attempt; the per-call `deadline_s` bounds the whole batch."""
+        """`timeout_s` bounds one HTTP attempt; the per-call `deadline_s` bounds the whole batch, and
+        `max_attempts` (None: no cap) optionally caps the attempts within it."""
         # AST: AST_PRECONDITION(base_url.startswith(("http://", "https://")), got=base_url, msg="base_url is http(s)", exc=RewardError)
         check.precondition(base_url.startswith(("http://", "https://")), "base_url is http(s)", got=base_url, exc=RewardError)  # generated #8ed6e1e28a
         # VAL: VAL_TIMEOUT(timeout_s, exc=RewardError)
         check.timeout("timeout_s", timeout_s, exc=RewardError)  # generated #cc70f04010
-        # VAL: VAL_INT_RANGE(max_attempts, min=1, max=1000, exc=RewardError)
-        check.int_range("max_attempts", max_attempts, min=1, max=1000, exc=RewardError)  # generated #748f286745
+        if max_attempts is not None:
+            # VAL: VAL_INT_RANGE(max_attempts, min=1, max=1000000, exc=RewardError)
+            check.int_range("max_attempts", max_attempts, min=1, max=1000000, exc=RewardError)  # generated #5fb611d0ca
+        # VAL: VAL_NON_NEGATIVE(backoff_base_s, exc=RewardError)
+        check.non_negative("backoff_base_s", backoff_base_s, exc=RewardError)  # generated #4f313a0d7a
+        # VAL: VAL_NON_NEGATIVE(backoff_max_s, exc=RewardError)
+        check.non_negative("backoff_max_s", backoff_max_s, exc=RewardError)  # generated #33ef74722c
         self.base_url = base_url.rstrip("/")
         self.token = token
         self.timeout_s = timeout_s
@@ -65,7 +88,11 @@ class RewardClient:
         return self._http
 
     async def score_batch(self, reward: str, trajectories: Sequence[Trajectory], deadline_s: float = 60.0) -> list[RewardResult]:
-        """Score every trajectory (results in input order) or raise by the deadline."""
+        """Score every trajectory (results in input order), retrying until the deadline.
+
+        Raises `RewardTimeoutError` (deadline), `RewardAttemptsExhaustedError` (`max_attempts`) or
+        `RewardRequestError` (a non-retryable status); each names its limit in `limit` and the message.
+        """
         # deps: idempotency_key, RewardClient._post
         # VAL: VAL_TIMEOUT(deadline_s, exc=RewardError)
         check.timeout("deadline_s", deadline_s, exc=RewardError)  # generated #4682918efd
@@ -78,18 +105,26 @@ class RewardClient:
         done: dict[str, RewardResult] = {}
         last_problem = "no attempt made"
         attempt = 0
+        start = loop.time()
         while pending:
-            attempt += 1
             remaining = deadline - loop.time()
-            if remaining <= 0 or attempt > self.max_attempts:
+            if remaining <= 0:
                 raise RewardTimeoutError(
-                    f"{len(pending)} of {len(keys)} items unscored after {attempt - 1} attempt(s) "
-                    f"within deadline_s={deadline_s}: {last_problem}"
-                )
+                    f"deadline_s={deadline_s:g} reached: {len(pending)} of {len(keys)} items unscored after "
+                    f"{attempt} attempt(s) over {loop.time() - start:.1f} s; last problem: {last_problem}",
+                    attempts=attempt, elapsed_s=loop.time() - start, unscored=len(pending), last_problem=last_problem)
+            if self.max_attempts is not None and attempt >= self.max_attempts:
+                raise RewardAttemptsExhaustedError(
+                    f"max_attempts={self.max_attempts} reached with {remaining:.1f} s of deadline_s={deadline_s:g} "
+                    f"left: {len(pending)} of {len(keys)} items unscored; last problem: {last_problem}",
+                    attempts=attempt, elapsed_s=loop.time() - start, unscored=len(pending), last_problem=last_problem)
+            attempt += 1
+            retry_after = 0.0
             try:
                 results = await self._post(reward, pending, remaining)
             except (TimeoutError, httpx.TransportError, _Retryable) as exc:
                 last_problem = f"{type(exc).__name__}: {exc}"
+                retry_after = exc.retry_after if isinstance(exc, _Retryable) else 0.0
             else:
                 for item in results:
                     if item["status"] == "ok" and item["key"] in pending:
@@ -98,8 +133,8 @@ class RewardClient:
                     elif item["key"] in pending:
                         last_problem = f"item {item['key']}: {item['status']} {item.get('error') or ''}".strip()
             if pending:
-                cap = min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1))
-                await asyncio.sleep(min(self._rng.uniform(0, cap), max(0.0, deadline - loop.time())))
+                pause = max(retry_after, backoff_delay(attempt, self.backoff_base_s, self.backoff_max_s, self._rng))
+                await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
         return [done[k] for k in keys]
 
     async def score(self, reward: str, trajectory: Trajectory, deadline_s: float = 60.0) -> RewardResult:
@@ -118,7 +153,7 @@ class RewardClient:
             self._client().post(f"{self.base_url}/v1/score", json=body, timeout=attempt_timeout), attempt_timeout + 0.5
         )
         if response.status_code in RETRY_STATUSES:
-            raise _Retryable(f"HTTP {response.status_code}")
+            raise _Retryable(f"HTTP {response.status_code}", _retry_after(response))
         if response.status_code >= 400:
             try:
                 err = response.json()["error"]
@@ -147,4 +182,16 @@ class RewardClient:
 
 
 class _Retryable(Exception):
-    """A 429 or 5xx: the whole attempt is retried after backoff."""
+    """A 429 or 5xx: the whole attempt is retried after backoff (at least `Retry-After`)."""
+
+    def __init__(self, message: str, retry_after: float = 0.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def _retry_after(response: httpx.Response) -> float:
+    """A `Retry-After` header in seconds (0 when absent or not a number; HTTP dates are not used here)."""
+    try:
+        return max(0.0, min(float(response.headers.get("retry-after", "0")), 60.0))
+    except ValueError:
+        return 0.0

@@ -7,7 +7,8 @@ reward deployment and test; the `register_serverless` seam lets a user point the
 Ray Serve or a cloud function later without code changes.
 
 Endpoints: `GET /health` (no auth), `GET /metrics` and `POST /v1/score` (bearer token in the
-`Authorization` header only). Errors are structured: `{"error": {"code", "message", ...}}`.
+`Authorization` header only), `GET /openapi.json` (no auth: the service's own OpenAPI 3.1 schema,
+design D13). Errors are structured: `{"error": {"code", "message", ...}}`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections import Counter
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -89,6 +91,58 @@ class ScoreResponse(BaseModel):
     results: list[ItemResult]
 
 
+class ErrorDetail(BaseModel):
+    """What went wrong: a stable `code`, a message naming the field, the value and what is allowed."""
+
+    model_config = {"extra": "allow"}  # e.g. `errors`, `allowed`, `duplicates`, `path`
+
+    code: str
+    message: str
+
+
+class ErrorResponse(BaseModel):
+    """Every 4xx of the service has this shape."""
+
+    error: ErrorDetail
+
+
+class HealthResponse(BaseModel):
+    """`GET /health`: liveness and the registered rewards."""
+
+    status: Literal["ok"]
+    rewards: list[str]
+    pid: int
+
+
+def openapi_schema(app: FastAPI, registry: RewardRegistry, config: ServiceConfig) -> dict[str, Any]:
+    """The service's OpenAPI document, precise enough to fuzz against (design D13).
+
+    `/v1/score` reads its body by hand (size cap before parsing, D6), so FastAPI cannot infer the
+    request body; it is added here from `ScoreRequest`, with the registered reward names as an enum
+    and `max_items` as `maxItems`, and the bearer-token scheme is declared on the protected routes.
+    """
+    # deps: fastapi.openapi.utils.get_openapi, ScoreRequest.model_json_schema
+    doc = get_openapi(title=app.title, version=app.version, routes=app.routes,
+                      description="Reward-as-a-Service: score finished trajectories with a registered reward.")
+    components = doc.setdefault("components", {})
+    schemas = components.setdefault("schemas", {})
+    request_schema = ScoreRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    schemas.update(request_schema.pop("$defs", {}))
+    request_schema["properties"]["reward"] = {"type": "string", "enum": registry.names(), "title": "Reward"}
+    request_schema["properties"]["items"]["maxItems"] = config.max_items
+    schemas["ScoreRequest"] = request_schema
+    components["securitySchemes"] = {"bearerAuth": {"type": "http", "scheme": "bearer"}}
+    score = doc["paths"]["/v1/score"]["post"]
+    score["requestBody"] = {"required": True,
+                            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ScoreRequest"}}}}
+    for path, method in (("/v1/score", "post"), ("/metrics", "get")):
+        doc["paths"][path][method]["security"] = [{"bearerAuth": []}]
+    return doc
+
+
+_ERRORS = {"model": ErrorResponse}
+
+
 def default_registry() -> RewardRegistry:
     """The rule rewards: `math`, `format`, `env_success`."""
     registry = RewardRegistry()
@@ -141,7 +195,9 @@ def create_app(registry: RewardRegistry, config: ServiceConfig) -> FastAPI:
         yield
         cache.close()
 
-    app = FastAPI(title="rollart reward service", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = FastAPI(title="rollart reward service", version="1", docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json", lifespan=lifespan)
+    app.openapi = lambda: app.openapi_schema or _cache_schema(app, openapi_schema(app, registry, config))
     metrics: Counter[str] = Counter()
     in_flight = {"requests": 0}
     expected = config.token.encode()
@@ -156,18 +212,21 @@ def create_app(registry: RewardRegistry, config: ServiceConfig) -> FastAPI:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return _error(exc.status_code, code, str(exc.detail), path=request.url.path)
 
-    @app.get("/health")
+    @app.get("/health", response_model=HealthResponse)
     async def health() -> dict[str, Any]:
         return {"status": "ok", "rewards": registry.names(), "pid": os.getpid()}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=JSONResponse,
+             responses={200: {"content": {"application/json": {"schema": {"type": "object"}}}}, 401: _ERRORS})
     async def get_metrics(request: Request) -> JSONResponse:
         if not authorized(request):
             metrics["rejected_auth"] += 1
             return _error(401, "unauthorized", "missing or wrong bearer token")
         return JSONResponse({"pid": os.getpid(), "in_flight": in_flight["requests"], **metrics})
 
-    @app.post("/v1/score")
+    @app.post("/v1/score", response_class=JSONResponse,
+              responses={200: {"model": ScoreResponse}, 401: _ERRORS, 404: _ERRORS, 413: _ERRORS, 422: _ERRORS,
+                         429: _ERRORS})
     async def score(request: Request) -> JSONResponse:
         metrics["requests"] += 1
         if not authorized(request):
@@ -191,7 +250,7 @@ def create_app(registry: RewardRegistry, config: ServiceConfig) -> FastAPI:
             metrics["rejected_size"] += 1
             return _error(413, "payload_too_large", f"body exceeds max_body_bytes={config.max_body_bytes}")
         try:
-            req = ScoreRequest.model_validate_json(body)
+            req = ScoreRequest.model_validate_json(body, strict=True)  # what the schema says, no coercion (D13)
         except ValidationError as exc:
             metrics["rejected_invalid"] += 1
             errors = [
@@ -218,6 +277,11 @@ def create_app(registry: RewardRegistry, config: ServiceConfig) -> FastAPI:
         return JSONResponse(ScoreResponse(results=list(results)).model_dump(mode="json"))
 
     return app
+
+
+def _cache_schema(app: FastAPI, doc: dict[str, Any]) -> dict[str, Any]:
+    app.openapi_schema = doc
+    return doc
 
 
 async def score_item(fn: RewardFn, cache: ResultCache, item: ScoreItem, timeout_s: float) -> ItemResult:

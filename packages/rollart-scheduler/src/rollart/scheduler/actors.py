@@ -15,6 +15,7 @@ a marker the actor resolves from its own retained copy. Offloaded workers load i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import os
 import socket
@@ -187,6 +188,16 @@ class RolloutActor(Worker):
     async def submit(self, request: EngineRequest) -> EngineOutput:
         """Forwarded to InferenceWorker.submit."""
         return await self._worker.submit(request)
+
+    async def engine_stats(self) -> dict[str, float]:
+        """The engine's cumulative counters (TorchEngine.stats) as a plain dict; {} for engines without."""
+        engine = self._worker.engine
+        stats = getattr(engine, "stats", None) if engine is not None else None
+        return dataclasses.asdict(stats()) if stats is not None else {}
+
+    async def probe(self) -> Any:
+        """The worker's health answer (its stats), or WorkerFailedError when its loop or engine is gone."""
+        return await self._worker.probe()
 
     async def abort(self, request_id: str) -> bool:
         """Forwarded to InferenceWorker.abort."""

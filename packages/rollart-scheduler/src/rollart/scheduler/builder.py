@@ -15,6 +15,7 @@ same wiring (design D16). The config names each part; this module only composes:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -230,6 +231,22 @@ def build_envs(config: RunConfig, parts: list[TaskParts], proxy: LLMProxy, sinks
     return slots, names
 
 
+async def collect_engine_stats(workers: list[Any]) -> dict[str, float]:
+    """The rollout engines' cumulative counters (rollart-proxy `TorchEngine.stats`), summed over workers.
+
+    Engines without counters (vLLM, SimEngine) add nothing; the metrics then read zero."""
+    total: dict[str, float] = {}
+    for w in workers:
+        if isinstance(w, InferenceWorker):
+            stats = getattr(w.engine, "stats", None)
+            snap = dataclasses.asdict(stats()) if stats is not None else {}
+        else:
+            snap = await w.engine_stats() if hasattr(w, "engine_stats") else {}
+        for key, value in snap.items():
+            total[key] = total.get(key, 0.0) + value
+    return total
+
+
 async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | None = None,
                          tensorboard: bool | None = None, base_dir: Path | None = None) -> Pipeline:
     """Wire every part for `config`; `workers` (WorkerHandles) replace the configured pools if given.
@@ -301,5 +318,6 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
                                    checkpointer=Checkpointer(run_dir / "checkpoints"),
                                    pad_token_id=model.pad_token_id(tokenizer),
                                    closers=[*(s.aclose for s in sinks), proxy.close, trainer.close, *closers],
-                                   proxy=proxy, workers=list(workers), placement=placement, routing_log=routing_log)
+                                   proxy=proxy, workers=list(workers), placement=placement, routing_log=routing_log,
+                                   engine_stats=lambda: collect_engine_stats(workers))
     return Pipeline(config, pipeline_parts)

@@ -64,6 +64,24 @@ class MetricsWriter:
             self._tb = None
 
 
+ENGINE_COUNTERS = ("prefix_lookups", "prefix_hits", "prompt_tokens_reused", "prefill_s", "decode_s")
+
+
+def engine_metrics(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Per-iteration engine fields from two cumulative snapshots summed over the rollout engines.
+
+    A counter that went down (an engine was rebuilt after a failure) counts from zero.
+    """
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) if after.get(k, 0.0) >= before.get(k, 0.0) else after.get(k, 0.0)
+         for k in ENGINE_COUNTERS}
+    engine_s = d["prefill_s"] + d["decode_s"]
+    return {
+        "prefix_hit_rate": d["prefix_hits"] / d["prefix_lookups"] if d["prefix_lookups"] else 0.0,
+        "prefix_reused_tokens": int(d["prompt_tokens_reused"]),
+        "prefill_share": d["prefill_s"] / engine_s if engine_s > 0 else 0.0,
+    }
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """The records of a run, in order (what `rollart run` wrote)."""
     path = Path(run_dir) / "metrics.jsonl"

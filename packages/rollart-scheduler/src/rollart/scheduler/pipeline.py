@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -27,7 +27,7 @@ from rollart.scheduler.buffer import ABORTED, SampleBuffer, oldest_version
 from rollart.scheduler.checkpoint import Checkpointer
 from rollart.scheduler.config import RunConfig
 from rollart.scheduler.errors import ConfigError, SchedulerError
-from rollart.scheduler.metrics import MetricsWriter, RoleTimeline
+from rollart.scheduler.metrics import MetricsWriter, RoleTimeline, engine_metrics
 from rollart.scheduler.progress import progress_line, status_text
 from rollart.scheduler.rollout import RolloutScheduler
 from rollart.scheduler.timesharing import SwitchRecord, TimeSharingController
@@ -82,6 +82,7 @@ class PipelineParts:
     workers: list[Any] = field(default_factory=list)  # rollout WorkerHandles in proxy rank order
     placement: Any = None  # builder.Placement: ledger devices of each pool and the trainer
     routing_log: Any = None  # adapters.RoutingLog: requests per tag and hardware
+    engine_stats: Callable[[], Awaitable[dict[str, float]]] | None = None  # summed engine counters
 
 
 class Pipeline:
@@ -106,6 +107,7 @@ class Pipeline:
         self._tokens = 0
         self._seen_aborted = 0
         self.seen_trajectories = 0  # every trajectory the sink handed to the buffer
+        self._engine_stats: dict[str, float] = {}
         self.history: list[dict[str, Any]] = []
         parts.buffer.observe(self.on_trajectory)
 
@@ -204,6 +206,10 @@ class Pipeline:
         }
         for task, rs in sorted(by_task.items()):
             rec[f"reward_{task}"] = sum(rs) / len(rs)
+        if p.engine_stats is not None:  # prefix-cache hit rate, reused tokens, prefill share (rollart-proxy D29)
+            now = await p.engine_stats()
+            rec.update(engine_metrics(self._engine_stats, now))
+            self._engine_stats = now
         self._seen_aborted = aborted_total
         if p.metrics is not None:
             p.metrics.write(rec)

@@ -38,6 +38,14 @@ class RayWorkerHandle:
         """Add a request and wait for its output."""
         return await self.call("submit", request)
 
+    async def engine_stats(self) -> dict[str, float]:
+        """The engine's cumulative counters, for metrics.jsonl."""
+        return await self.call("engine_stats")
+
+    async def probe(self) -> Any:
+        """The proxy's health check, answered inside the actor (an unreachable actor raises)."""
+        return await self.call("probe")
+
     async def abort(self, request_id: str) -> bool:
         """Abort one request."""
         return await self.call("abort", request_id)

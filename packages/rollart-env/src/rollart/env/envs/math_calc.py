@@ -4,12 +4,17 @@ The policy may call `<calc>expression</calc>` any number of times (each returns 
 next observation) and ends with `<answer>value</answer>`. Problems come from the shipped tiny
 data set or are generated from the reset seed, so every episode is reproducible. The ground truth
 is put into the reset info so a reward function (or the reward service) can verify the answer.
+
+Model text is hostile input: every `step` returns an observation or a scored end, whatever the text
+(property-tested), and a final answer is graded exactly: it must be one number written out
+(`parse_final_number`), so hedges ("3 or 1"), expressions and overflowing literals score 0.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import math
 import operator
 import random
 import re
@@ -28,26 +33,47 @@ PROBLEM_SOURCES = ("generated", "data")
 _CALC_RE = re.compile(r"<calc>(.*?)</calc>", re.DOTALL)
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+MAX_NUMERATOR = 10**30
+MAX_DENOMINATOR = 10**12
+MAX_ANSWER_CHARS = 64
+# One number written out: optional sign, digits (optionally grouped by commas in threes), optional
+# decimal part; or an integer fraction a/b. Nothing else: no words, no second number, no exponent.
+_NUMBER_RE = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+_FRACTION_RE = re.compile(r"([+-]?\d+)\s*/\s*(\d+)|([+-]?)\\d?frac\{\s*([+-]?\d+)\s*\}\{\s*(\d+)\s*\}")
 
 
 class CalculatorError(ValueError):
     """The expression is not plain arithmetic (or divides by zero, or is too large)."""
 
 
+def _bounded(value: Fraction) -> Fraction:
+    if abs(value.numerator) > MAX_NUMERATOR or value.denominator > MAX_DENOMINATOR:
+        raise CalculatorError("value too large")
+    return value
+
+
 def safe_eval(expression: str, max_len: int = 200) -> Fraction:
-    """Evaluate + - * / and parentheses over integers/decimals exactly; anything else is refused."""
+    """Evaluate + - * / and parentheses over integers/decimals exactly; anything else is refused.
+
+    Total on any text: every failure (syntax, null bytes, nesting, inf/nan literals, overflow,
+    division by zero) is a `CalculatorError`, which the env turns into an observation.
+    """
     if len(expression) > max_len:
         raise CalculatorError(f"expression longer than {max_len} characters")
     try:
         tree = ast.parse(expression.strip(), mode="eval")
-    except SyntaxError as exc:
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
         raise CalculatorError(f"not an arithmetic expression: {expression!r}") from exc
 
     def ev(node: ast.AST) -> Fraction:
         if isinstance(node, ast.Expression):
             return ev(node.body)
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
-            return Fraction(str(node.value))
+            if isinstance(node.value, float) and not math.isfinite(node.value):
+                raise CalculatorError(f"not a finite number: {node.value!r}")
+            if isinstance(node.value, int) and abs(node.value) > MAX_NUMERATOR:
+                raise CalculatorError("value too large")
+            return _bounded(Fraction(repr(node.value)))
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
             value = ev(node.operand)
             return -value if isinstance(node.op, ast.USub) else value
@@ -55,13 +81,13 @@ def safe_eval(expression: str, max_len: int = 200) -> Fraction:
             left, right = ev(node.left), ev(node.right)
             if isinstance(node.op, ast.Div) and right == 0:
                 raise CalculatorError("division by zero")
-            value = _BINOPS[type(node.op)](left, right)
-            if abs(value.numerator) > 10**30 or value.denominator > 10**12:
-                raise CalculatorError("value too large")
-            return value
+            return _bounded(_BINOPS[type(node.op)](left, right))
         raise CalculatorError(f"unsupported element {type(node).__name__}")
 
-    return ev(tree)
+    try:
+        return ev(tree)
+    except RecursionError as exc:
+        raise CalculatorError("expression nested too deeply") from exc
 
 
 def format_number(value: Fraction) -> str:
@@ -92,12 +118,49 @@ def load_problems() -> list[dict[str, str]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def parse_final_number(text: str) -> Fraction | None:
+    """The exact value of a final answer written as one number, else None (never raises).
+
+    Accepted: `42`, `-3`, `1,234`, `2.5`, `7/2`, `\\frac{7}{2}`, optionally wrapped in `$...$` or `\\boxed{...}` and
+    followed by a period. Refused (None): two numbers ("3 or 1", "1, 3"), expressions ("2^10 - 1"),
+    exponents ("1e999"), words, anything over 64 characters. Why so strict: a grader that searches
+    the text for *a* number lets a policy hedge, and one that evaluates expressions can be made to
+    round a huge value to the truth; a final answer is a number.
+    """
+    if not isinstance(text, str) or len(text) > MAX_ANSWER_CHARS:
+        return None
+    t = text.strip().rstrip(".").strip()
+    if len(t) >= 2 and t[0] == "$" and t[-1] == "$":
+        t = t.strip("$").strip()
+    if t.startswith("\\boxed{") and t.endswith("}"):
+        t = t[len("\\boxed{") : -1].strip()
+    if _NUMBER_RE.fullmatch(t):
+        value = Fraction(t.replace(",", ""))
+    elif m := _FRACTION_RE.fullmatch(t):
+        if m.group(1) is not None:
+            num, den = int(m.group(1)), int(m.group(2))
+        else:
+            num, den = int(m.group(4)) * (-1 if m.group(3) == "-" else 1), int(m.group(5))
+        if den == 0:
+            return None
+        value = Fraction(num, den)
+    else:
+        return None
+    if abs(value.numerator) > MAX_NUMERATOR or value.denominator > MAX_DENOMINATOR:
+        return None
+    return value
+
+
 def answers_match(given: str, truth: str) -> bool:
-    """Exact numeric comparison (fractions), falling back to stripped string equality."""
-    try:
-        return safe_eval(given.replace(",", "")) == safe_eval(truth)
-    except CalculatorError:
-        return given.strip() == truth.strip()
+    """Exact: both parse as one number and are equal; a non-numeric truth needs the same stripped text.
+
+    Never raises, whatever `given` is (it is model text).
+    """
+    # deps: parse_final_number
+    want = parse_final_number(truth)
+    if want is None:
+        return isinstance(given, str) and given.strip() == truth.strip()
+    return parse_final_number(given) == want
 
 
 class MathCalcEnv:
