@@ -89,3 +89,12 @@ def test_good_parts_build_and_the_first_env_serves_the_first_trajectory(tokenize
     run_virtual(one())
     assert len(made) == 1 and made[0].steps == 1
     assert [t.status.value for t in sink.items] == ["finished"]
+
+
+def test_top_k_zero_disables_it_as_in_the_proxy_and_the_old_minus_one_is_refused():
+    from rollart.env import EnvError
+    from rollart.env.protocols import SamplingParams
+
+    assert SamplingParams().top_k == 0
+    with pytest.raises(EnvError, match=r"top_k must be an integer in \[0, 2147483648\], got -1"):
+        SamplingParams(top_k=-1)

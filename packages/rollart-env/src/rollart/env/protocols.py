@@ -11,6 +11,8 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from rollart.env import checks as check
+from rollart.env.errors import EnvError
 from rollart.env.trajectory import Trajectory
 
 FINISH_REASONS = frozenset({"stop", "length", "abort"})
@@ -56,13 +58,22 @@ class Env(Protocol):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampling settings forwarded to the inference engine."""
+    """Sampling settings forwarded to the inference engine.
+
+    ``top_k == 0`` disables top-k, as in rollart.proxy's SamplingParams and transformers (vLLM's
+    -1 is the vLLM engine's business: it converts at its boundary).
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1
+    top_k: int = 0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        # VAL: VAL_INT_RANGE(self.top_k, min=0, max=1 << 31, exc=EnvError)
+        check.int_range("top_k", self.top_k, min=0, max=1 << 31, exc=EnvError)  # generated #08edbeb440
+        pass
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
-"""Per-call deadlines and retries with exponential backoff and full jitter.
+"""Per-call deadlines and retries with exponential backoff and full jitter, on tenacity.
 
 Why full jitter: many EnvManagers hit the same remote environment service; synchronised retries
 would arrive in waves. Time comes from the running loop only (`asyncio.sleep`, `wait_for`), so
-the same code runs under the virtual clock.
+the same code runs under the virtual clock. The loop itself is tenacity's, as in the other
+packages (`rollart.resource.retry`, which rollart-env may not import: it imports no other
+rollart package); the policy, the pause formula and the seeded rng are the same kind.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
+
+import tenacity
 
 from rollart.env import checks as check
 from rollart.env.errors import EnvError, EnvTimeoutError, TransientEnvError
@@ -62,21 +66,30 @@ async def call_with_retries(
     A timeout becomes `EnvTimeoutError`; other exceptions propagate at once (a crash is not
     retried here: the caller restarts the environment). The last transient error propagates.
     """
-    # deps: asyncio.wait_for, backoff_delay
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            return await asyncio.wait_for(fn(), timeout=policy.timeout_s)
-        except TimeoutError as exc:
-            err: BaseException = EnvTimeoutError(f"call timed out after {policy.timeout_s} s (attempt {attempt})")
-            err.__cause__ = exc
-            retryable = retry_on_timeout
-        except TRANSIENT_ERRORS as exc:
-            err = exc
-            retryable = True
-        if not retryable or attempt >= policy.max_attempts:
-            raise err
-        if on_retry is not None:
-            on_retry(err)
-        await asyncio.sleep(backoff_delay(policy, attempt, rng))
+    # deps: asyncio.wait_for, backoff_delay, tenacity.AsyncRetrying
+    retry_on = (*TRANSIENT_ERRORS, _AttemptTimedOut) if retry_on_timeout else TRANSIENT_ERRORS
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        if on_retry is not None and state.outcome is not None:
+            on_retry(state.outcome.exception())
+
+    attempts = tenacity.AsyncRetrying(
+        stop=tenacity.stop_after_attempt(policy.max_attempts),
+        wait=lambda state: backoff_delay(policy, state.attempt_number, rng),
+        retry=tenacity.retry_if_exception_type(retry_on),
+        before_sleep=before_sleep,
+        reraise=True,  # the last error itself, not tenacity's RetryError
+        sleep=asyncio.sleep,
+    )
+    async for attempt in attempts:
+        with attempt:
+            try:
+                return await asyncio.wait_for(fn(), timeout=policy.timeout_s)
+            except TimeoutError as exc:
+                number = attempt.retry_state.attempt_number
+                raise _AttemptTimedOut(f"call timed out after {policy.timeout_s} s (attempt {number})") from exc
+    raise AssertionError("unreachable: the retry loop returns or raises")
+
+
+class _AttemptTimedOut(EnvTimeoutError):
+    """This attempt ran past the policy's per-call deadline (an EnvTimeoutError `fn` raises itself is not retried)."""
