@@ -9,7 +9,7 @@ slow environment keeps open). Rows, interleaved and repeated (median, min-max sp
   brute force (core)  - the pre-D16 buffer (tests/test_buffer_index.py::ReferenceBuffer), same core
 Every get must return exactly the group just completed, or the run fails.
 
-    /work/wt/run python scripts/bench/bench_buffer.py [--quick]
+    .venv/bin/python scripts/bench/bench_buffer.py [--quick]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Crash campaign against the resource control plane: SIGKILL a real controller at random moments, then judge.
 
-    /work/wt/run python scripts/bench/bench_resource_crash.py --kills 200              # this checkout
-    /work/wt/run python scripts/bench/bench_resource_crash.py --kills 200 --src DIR    # another version's src/
+    .venv/bin/python scripts/bench/bench_resource_crash.py --kills 200              # this checkout
+    .venv/bin/python scripts/bench/bench_resource_crash.py --kills 200 --src DIR    # another version's src/
 
 Each campaign is a fresh store; each kill starts a controller (it recovers, then loops over allocate / release /
 shrink / expand with three logging hooks, one of which vetoes 15% of prepares, each abort taking --slow-abort s)

@@ -1,6 +1,6 @@
 """How long past its deadline a shrink runs when a hook swallows cancellation (prepare and commit).
 
-    /work/wt/run python scripts/bench/bench_resource_hook_deadline.py
+    .venv/bin/python scripts/bench/bench_resource_hook_deadline.py
     PYTHONPATH=<other src> /work/main/.venv/bin/python scripts/bench/bench_resource_hook_deadline.py   # another version
 
 The hook ignores the first cancellation and then works 3 s more. For prepare the shrink's timeout is 0.5 s; for

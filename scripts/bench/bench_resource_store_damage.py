@@ -1,6 +1,6 @@
 """Damage sweep of the metadata store: flip one byte (or truncate, or empty the file), reopen, classify the result.
 
-    /work/wt/run python scripts/bench/bench_resource_store_damage.py --flips 1000
+    .venv/bin/python scripts/bench/bench_resource_store_damage.py --flips 1000
     PYTHONPATH=<other src> /work/main/.venv/bin/python scripts/bench/bench_resource_store_damage.py   # another version
 
 A store with every table in use (pool, allocations, a completed shrink, a worker, a service) is written and closed

@@ -11,7 +11,7 @@ Rows (interleaved, repeated; median and min-max spread):
                ``index+quantum`` adds SimEngine(decode_quantum_s=0.1) (proxy D19: several decode tokens
                per engine step while nothing finishes; same tokens and finish times).
 
-    /work/wt/run python scripts/bench/bench_routing.py [--quick] [--sizes 100,1000,3000] [--e2e-only]
+    .venv/bin/python scripts/bench/bench_routing.py [--quick] [--sizes 100,1000,3000] [--e2e-only]
 """
 
 from __future__ import annotations

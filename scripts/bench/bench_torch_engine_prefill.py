@@ -19,7 +19,7 @@ both on. Reported per variant: generated tokens/s of the whole run (median and m
 repeats), the ratio to "both off" (median of per-repeat ratios), prefill share of engine time,
 prefix-cache hit rate (requests that reused >= 1 token) and reused share of prompt tokens.
 
-    /work/wt/run python scripts/bench/bench_torch_engine_prefill.py [--quick] [--repeats N]
+    .venv/bin/python scripts/bench/bench_torch_engine_prefill.py [--quick] [--repeats N]
 """
 
 from __future__ import annotations

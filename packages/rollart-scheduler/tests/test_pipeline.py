@@ -124,3 +124,23 @@ async def test_metrics_carry_prefix_cache_fields(tmp_path):
     before = {"prefix_lookups": 10, "prefix_hits": 5, "prompt_tokens_reused": 50, "prefill_s": 2.0, "decode_s": 2.0}
     after = {"prefix_lookups": 4, "prefix_hits": 3, "prompt_tokens_reused": 7, "prefill_s": 1.0, "decode_s": 3.0}
     assert engine_metrics(before, after) == {"prefix_hit_rate": 0.75, "prefix_reused_tokens": 7, "prefill_share": 0.5}
+
+
+@pytest.mark.slow
+async def test_megatron_trainer_in_the_driver(tmp_path):
+    """`trainer.backend: megatron` with `placement: driver`: megatron's parallel state is created over a
+    one-rank world, the trainer starts from the engines' weights and two asynchronous iterations update them."""
+    pytest.importorskip("megatron.core")
+    cfg = tiny_config("async")
+    cfg["trainer"] = {"backend": "megatron"}
+    pipe = await build_pipeline(parse_config(cfg), tmp_path)
+    try:
+        recs = await pipe.run(2)
+        trained = pipe.parts.trainer.inner.named_tensors()
+        served = pipe.parts.workers[0].engine.model.state_dict()
+    finally:
+        await pipe.close()
+    assert [r["version"] for r in recs] == [1, 2]
+    assert type(pipe.parts.trainer.inner).__name__ == "MegatronTrainer"
+    assert all(torch.equal(trained[k], served[k]) for k in trained)
+    assert not torch.distributed.is_initialized()  # closing the pipeline released the one-rank world

@@ -194,3 +194,14 @@ async def test_real_run_mooncake_channel(ray_cluster, checkpoint, user_files, re
     if reason is not None:
         pytest.skip(f"Mooncake unavailable: {reason}")
     await _run_and_check(real_config(checkpoint, user_files, reward_service, "torch", "mooncake"), tmp_path)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+async def test_real_run_megatron_trainer_actors(ray_cluster, checkpoint, user_files, reward_service, tmp_path):
+    """megatron-core GPTModel replicas (CPU shims, TP = PP = 1) as data-parallel actors: the engines load
+    the HF-named weights they export, checksum for checksum."""
+    pytest.importorskip("megatron.core")
+    cfg = real_config(checkpoint, user_files, reward_service, "torch", "torch_dist")
+    cfg["trainer"]["backend"] = "megatron"
+    await _run_and_check(cfg, tmp_path)

@@ -69,6 +69,7 @@ class WorldSpec:
     bucket_bytes: int = 64 << 20
     mooncake: Any = None  # rollart.sync MooncakeConfig for channel == "mooncake"
     timeout_s: float = 120.0
+    megatron: bool = False  # every rank also builds megatron's parallel state (its groups are collectives)
 
 
 def free_address() -> str:
@@ -107,6 +108,8 @@ class SyncEndpoint:
                                     world_size=world.world_size, timeout=timeout)
             dp = dist.new_group(list(world.trainer_ranks), timeout=timeout)
             update = dist.new_group([world.trainer_ranks[0], *world.rollout_ranks], timeout=timeout)
+            if world.megatron:
+                init_megatron_parallel_state()
             return dp, update
 
         dp_group, update_group = await asyncio.wait_for(asyncio.to_thread(_init), world.timeout_s + 10)
@@ -314,13 +317,42 @@ class TrainerActor(Worker):
         await self._sync.close()
 
 
+def init_megatron_parallel_state() -> None:
+    """Megatron's TP=1/PP=1 parallel state over the default world, creating a one-rank gloo world first
+    when this process has none (a trainer in the driver, or a lone replica without a sync world).
+
+    Megatron derives its groups from the default world and every rank of that world must take part in
+    creating them, so in a joined world every rank calls this (`WorldSpec.megatron`); with TP = PP = 1
+    nothing in the CPU step uses those groups: gradients are averaged over the trainer's own
+    data-parallel group (TorchTrainer D12)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=free_address(), rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+
+
+def release_megatron_parallel_state() -> None:
+    """Undo `init_megatron_parallel_state` in a process that leaves no other world behind (the driver)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def build_trainer(model: ModelSpec, backend: str, trainer_config: Any, process_group: Any = None) -> Any:
-    """A TorchTrainer (or MegatronTrainer) over the model built from the spec."""
+    """A TorchTrainer (or MegatronTrainer) over the model built from the spec, starting from the same
+    weights as every engine (version 0 needs no transfer)."""
     if backend == "megatron":
         from rollart.train.megatron_trainer import MegatronTrainer
 
-        return MegatronTrainer.from_hf(model.build_module(), trainer_config) if hasattr(MegatronTrainer, "from_hf") \
-            else MegatronTrainer(model.hf_config(), trainer_config)
+        init_megatron_parallel_state()
+        return MegatronTrainer(model.hf_config(), trainer_config, hf_state_dict=model.build_module().state_dict(),
+                               seed=model.seed, process_group=process_group)
     from rollart.train.torch_trainer import TorchTrainer
 
     return TorchTrainer(model.build_module(), trainer_config, process_group=process_group)

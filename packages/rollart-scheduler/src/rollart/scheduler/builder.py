@@ -149,10 +149,10 @@ async def start_trainer(config: RunConfig, model: ModelSpec, placement: Placemen
 
     tc = config.trainer
     if tc.placement == "driver":
-        return LocalTrainer(build_trainer(model, tc.backend, trainer_config(config)))
-    if tc.backend == "megatron":
-        raise ConfigError("trainer.backend: 'megatron' with placement 'actors' is not wired yet (megatron's parallel "
-                          "state must own a trainer-only world); use placement: driver, or backend: torch")
+        from rollart.scheduler.actors import release_megatron_parallel_state
+
+        return LocalTrainer(build_trainer(model, tc.backend, trainer_config(config)),
+                            on_close=release_megatron_parallel_state if tc.backend == "megatron" else None)
     handles = await start_trainer_actors(runtime, model, tc.backend, trainer_config(config), tc.hardware, placement.trainer)
     return ActorTrainerGroup(runtime, handles, timeout_s=config.pipeline.update_timeout_s * 10)
 
@@ -183,7 +183,7 @@ async def connect_world(config: RunConfig, trainer: ActorTrainerGroup, rollout: 
                       rollout_ranks=tuple(range(n_train, n_train + len(rollout))), backend="gloo",
                       channel=config.sync.channel, keep_last=config.sync.keep_last,
                       bucket_bytes=int(config.sync.bucket_mb * (1 << 20)), mooncake=mooncake,
-                      timeout_s=config.pipeline.update_timeout_s * 2)
+                      timeout_s=config.pipeline.update_timeout_s * 2, megatron=config.trainer.backend == "megatron")
     await asyncio.gather(*(trainer.call(r, "join", world, r) for r in range(n_train)),
                          *(w.call("join", world, n_train + i) for i, w in enumerate(rollout)))
     return closers

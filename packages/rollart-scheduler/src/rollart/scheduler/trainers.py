@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rollart.resource import checks as check
@@ -34,9 +34,11 @@ def split_batch(batch: TrainBatch, parts: int) -> list[TrainBatch]:
 class LocalTrainer:
     """The trainer in the driver process; steps run in a thread."""
 
-    def __init__(self, trainer: Any) -> None:
-        """Wrap a TorchTrainer (or MegatronTrainer)."""
+    def __init__(self, trainer: Any, on_close: Callable[[], None] | None = None) -> None:
+        """Wrap a TorchTrainer (or MegatronTrainer); `on_close` releases what building it took (megatron's
+        parallel state and the one-rank world under it)."""
         self.inner = trainer
+        self._on_close = on_close
 
     @property
     def version(self) -> int:
@@ -63,7 +65,10 @@ class LocalTrainer:
         await asyncio.to_thread(self.inner.load_checkpoint, path)
 
     async def close(self) -> None:
-        """Nothing to stop."""
+        """Release what building the trainer took, if anything."""
+        if self._on_close is not None:
+            self._on_close()
+            self._on_close = None
 
 
 class ActorTrainerGroup:

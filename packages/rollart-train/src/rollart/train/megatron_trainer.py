@@ -54,6 +54,7 @@ class MegatronTrainer(TorchTrainer):
         config: TrainerConfig | None = None,
         hf_state_dict: dict[str, torch.Tensor] | None = None,
         seed: int = 0,
+        process_group: object = None,
     ) -> None:
         """Build GPTModel from the HF config; needs torch.distributed and megatron parallel state.
 
@@ -63,6 +64,8 @@ class MegatronTrainer(TorchTrainer):
             hf_state_dict: start from these HF-named weights (e.g. `build_causal_lm(...).state_dict()`)
                 instead of megatron's random init, so every engine starts from one version 0.
             seed: torch seed of megatron's CPU initialization when no weights are given.
+            process_group: data-parallel replicas that average gradients with this one (TorchTrainer D12);
+                None for a single replica.
         """
         # deps: megatron_config_from_hf, hf_to_megatron_state_dict
         # AST: AST_PRECONDITION(parallel_state.model_parallel_is_initialized(), got=torch.distributed.is_initialized(), msg="megatron parallel state is initialized (initialize_model_parallel); got is torch.distributed.is_initialized()", exc=TrainError)
@@ -87,7 +90,7 @@ class MegatronTrainer(TorchTrainer):
                 raise TrainError(
                     f"hf_state_dict must hold every Llama weight, missing {missing!r}, unexpected {result.unexpected_keys!r}"
                 )
-        super().__init__(model, config)
+        super().__init__(model, config, process_group=process_group)
 
     def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """GPTModel forward with explicit position ids and causal mask, under the CPU shims.
