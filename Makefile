@@ -8,7 +8,7 @@ PACKAGES := resource env reward proxy sync train scheduler
 EDITABLES := $(foreach p,$(PACKAGES),-e packages/rollart-$(p)$(if $(filter proxy,$(p)),[torch],))
 SRC_DIRS := packages scripts validation_patterns tests examples conftest.py
 
-.PHONY: help install system-libs sandbox-tools test test-fast check lint layering expand expand-check design-check docs demo bench install-alone clean
+.PHONY: help install system-libs sandbox-tools test test-fast check lint layering expand expand-check design-check docs demo bench install-alone wheels clean
 
 help:
 	@echo "make demo    - run the CPU demo pipeline (creates .venv on first use)"
@@ -17,6 +17,7 @@ help:
 	@echo "make docs    - build the docs site (mkdocs build --strict)"
 	@echo "make bench   - run the benchmarks in scripts/bench/"
 	@echo "make expand  - expand # VAL: / # AST: annotations into one generated line each"
+	@echo "make wheels  - build every package into wheelhouse/ (pip install --find-links wheelhouse NAME)"
 
 install: $(STAMP) system-libs
 
@@ -72,6 +73,10 @@ bench: $(STAMP)
 
 install-alone: $(STAMP)
 	$(PY) scripts/check_install_alone.py
+
+# every package as a wheel in wheelhouse/: `pip install --find-links wheelhouse rollart-reward` then finds its siblings
+wheels:
+	$(PYTHON) -m pip wheel -q --no-deps -w wheelhouse $(foreach p,$(PACKAGES),packages/rollart-$(p))
 
 clean:
 	rm -rf site .pytest_cache .hypothesis .ruff_cache

@@ -14,7 +14,12 @@ What runs, in one process and one local Ray cluster on 127.0.0.1, interleaved re
 
 Each update is measured end to end as the pipeline sees it (`Pipeline._update`: snapshot, pack,
 transfer, verify, load into the engine), with one rollout actor so the floor moves the same bytes
-once. A second table runs whole iterations (rollout + train + update) of the tiny model in both
+once. The first `--warmup` rounds (default 3) are not counted: a receiver retains two versions
+and receives the third into fresh memory, so only from the fourth update on does every update
+reuse buffers, as every update of a long run does; the first (cold) update of each composition is
+printed on its own line. The `vs floor` column is the median of per-round ratios (floor and
+update of the same round), with its spread. A second table breaks the update into its phases
+(scheduler D40: medians over the counted rounds). A second table runs whole iterations (rollout + train + update) of the tiny model in both
 compositions and reports the median step time and its spread.
 """
 
@@ -72,7 +77,10 @@ def spread(xs: list[float]) -> str:
     return f"{statistics.median(xs):.3f} [{min(xs):.3f}-{max(xs):.3f}]"
 
 
-async def updates(checkpoint: str, variants: list[str], repeats: int) -> dict[str, list[float]]:
+PHASES = ("sync_snapshot_s", "sync_pack_s", "sync_wire_s", "sync_receive_s", "sync_transfer_s", "sync_load_s")
+
+
+async def updates(checkpoint: str, variants: list[str], repeats: int, warmup: int) -> dict[str, list[float]]:
     from bench_sync_channels import TcpFloor
 
     from rollart.scheduler.builder import build_pipeline
@@ -80,6 +88,7 @@ async def updates(checkpoint: str, variants: list[str], repeats: int) -> dict[st
 
     pipes = {}
     times: dict[str, list[float]] = {v: [] for v in [*variants, "tcp floor"]}
+    times.update({f"{v} {k}": [] for v in variants for k in (*PHASES, "cold")})
     nbytes = 0
     floor_link = TcpFloor()
     with tempfile.TemporaryDirectory() as d:
@@ -87,16 +96,21 @@ async def updates(checkpoint: str, variants: list[str], repeats: int) -> dict[st
             for v in variants:
                 pipes[v] = await build_pipeline(parse_config(config(checkpoint, v)), Path(d) / v)
             version = 0
-            for r in range(repeats + 1):  # the first round warms up and is not counted
+            for r in range(repeats + warmup):  # the first `warmup` rounds are not counted
                 order = variants[r % len(variants):] + variants[: r % len(variants)]
                 version += 1
                 for v in order:
                     stats = await pipes[v]._update(version)
                     nbytes = int(stats["sync_bytes"])
-                    if r:
+                    if r == 0:
+                        times[f"{v} cold"].append(stats["sync_s"])
+                    if r >= warmup:
                         times[v].append(stats["sync_s"])
+                        for k in PHASES:
+                            if k in stats:
+                                times[f"{v} {k}"].append(stats[k])
                 floor = min(floor_link.send(nbytes) for _ in range(2))
-                if r:
+                if r >= warmup:
                     times["tcp floor"].append(floor)
         finally:
             for p in pipes.values():
@@ -132,6 +146,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--warmup", type=int, default=3, help="uncounted first rounds (receive buffers warm up)")
     parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     import ray
@@ -147,19 +162,27 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as d:
             ckpt = make_checkpoint(Path(d) / "ckpt", hidden, layers, vocab=8192)
-            up = asyncio.run(updates(ckpt, variants, repeats))
+            up = asyncio.run(updates(ckpt, variants, repeats, args.warmup))
         it = asyncio.run(iterations(["local", "torch_dist"], repeats))
     finally:
         ray.shutdown()
     nbytes = up.pop("_bytes")[0]
-    floor = statistics.median(up["tcp floor"])
-    print(f"\nweight update end to end, {nbytes / 2**20:.0f} MB fp32, 1 rollout actor, {repeats} interleaved repeats")
-    print("| composition | update s, median [min-max] | GB/s | vs loopback TCP floor |")
+    print(f"\nweight update end to end, {nbytes / 2**20:.0f} MB fp32, 1 rollout actor, {repeats} interleaved repeats "
+          f"after {args.warmup} warm-up rounds")
+    print("| composition | update s, median [min-max] | GB/s | vs loopback TCP floor (per round) |")
     print("|---|---|---|---|")
-    for v, xs in up.items():
+    for v in [*variants, "tcp floor"]:
+        xs = up[v]
         gbps = nbytes / statistics.median(xs) / 1e9
         print(f"| {'floor (raw TCP)' if v == 'tcp floor' else v} | {spread(xs)} | {gbps:.2f} | "
-              f"{floor / statistics.median(xs):.2f} |")
+              f"{spread([f / x for f, x in zip(up['tcp floor'], xs)])} |")
+    print("first (cold) update: " + ", ".join(f"{v} {up[f'{v} cold'][0]:.3f} s" for v in variants))
+    print("\nphases of the update, s, median [min-max] (scheduler D40; receive starts with the publish)")
+    print("| composition | " + " | ".join(k.removeprefix("sync_").removesuffix("_s") for k in PHASES) + " |")
+    print("|---|" + "---|" * len(PHASES))
+    for v in variants:
+        if up[f"{v} sync_wire_s"]:
+            print(f"| {v} | " + " | ".join(spread(up[f"{v} {k}"]) for k in PHASES) + " |")
     print(f"\nwhole iterations of the tiny model (batch 8), {repeats} interleaved repeats")
     print("| composition | step s, median [min-max] | update s |")
     print("|---|---|---|")

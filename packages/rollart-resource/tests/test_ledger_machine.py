@@ -1,4 +1,4 @@
-"""Step 8: the ledger invariants of ARCHITECTURE §5 under random allocate / release / shrink / expand /
+"""Step 8: the ledger invariants of design/000-overview.md §5 under random allocate / release / shrink / expand /
 worker failure / controller crash-and-restart sequences, the crash point drawn by hypothesis."""
 
 from __future__ import annotations

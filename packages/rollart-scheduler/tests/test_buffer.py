@@ -1,4 +1,4 @@
-"""SampleBuffer: the bound alpha and the accounting invariant (ARCHITECTURE §5), as a state machine."""
+"""SampleBuffer: the bound alpha and the accounting invariant (design/000-overview.md §5), as a state machine."""
 
 from __future__ import annotations
 

@@ -29,6 +29,17 @@ def test_run_and_timeline(tmp_path):
     result = CliRunner().invoke(app, ["timeline", str(run_dir), "-o", str(out)])
     assert result.exit_code == 0 and out.exists()
 
+    # D30: resuming the run dir under another config is refused, naming the field, unless asked
+    changed = ["run", str(cfg), "--run-dir", str(run_dir), "-n", "3", "--set", "pipeline.batch_size=4"]
+    result = CliRunner().invoke(app, changed)
+    assert result.exit_code == 2, result.output
+    assert "pipeline.batch_size: 8 -> 4" in result.output and "--allow-config-change" in result.output
+    assert [r["iteration"] for r in read_metrics(run_dir)] == [1, 2]
+    result = CliRunner().invoke(app, [*changed, "--allow-config-change"])
+    assert result.exit_code == 0, result.output
+    assert "resumed from checkpoint at iteration 2" in result.output
+    assert [r["iteration"] for r in read_metrics(run_dir)] == [1, 2, 3]
+
 
 def test_bad_config_names_the_field(tmp_path):
     cfg = tmp_path / "bad.yaml"

@@ -49,8 +49,11 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path):
     ck = Checkpointer(tmp_path, keep=2)
     assert ck.latest() is None
     for i in range(1, 4):
-        ck.save(i, i + 10, {"w": i})
+        tmp = ck.begin(i)
+        (tmp / "trainer").mkdir()
+        ck.commit(tmp, i, i + 10, {"w": i})
     (tmp_path / ".tmp-00000004").mkdir()  # a crash while writing iteration 4 leaves only a temp dir
-    it, version, state = ck.latest()
-    assert (it, version, state) == (3, 13, {"w": 3})
+    info = ck.latest()
+    assert (info.iteration, info.version, info.config) == (3, 13, {"w": 3})
+    assert info.path == tmp_path / "ckpt-00000003" and (info.path / "trainer").is_dir()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ckpt-")) == ["ckpt-00000002", "ckpt-00000003"]

@@ -1,5 +1,5 @@
 """TimeSharingController: devices return to rollout after each step; the pool is never emptied while
-requests are in flight; no request is lost by a shrink (ARCHITECTURE §5)."""
+requests are in flight; no request is lost by a shrink (design/000-overview.md §5)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """TimeSharingController against a real LLMProxy over SimEngine workers (simulated engines, named so).
 
-Invariants (ARCHITECTURE §5): lent devices return to rollout after every train step; a shrink never
+Invariants (design/000-overview.md §5): lent devices return to rollout after every train step; a shrink never
 empties the pool while requests are in flight; every request ends exactly once, none lost.
 """
 

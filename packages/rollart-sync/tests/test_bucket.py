@@ -149,3 +149,30 @@ def test_spare_buffers_are_reused_and_fully_overwritten():
     verify_buckets(second.manifest, second.buffers)
     out = unpack_buckets(second.manifest, second.buffers)
     assert torch.equal(out["a"], named["a"]) and torch.equal(out["b"], named["b"])
+
+
+def test_chained_chunk_checksums_equal_the_bucket_checksum():
+    """D34: the broadcast's chunk-by-chunk CRC is the bucket's CRC, and the manifest carries it."""
+    import zlib
+
+    from rollart.sync.bucket import with_checksums
+    from rollart.sync.torch_dist import WIRE_CHUNK_BYTES, wire_chunks
+
+    g = torch.Generator().manual_seed(0)
+    named = {"big": torch.randn(WIRE_CHUNK_BYTES // 4 * 2 + 123, generator=g),  # 3 chunks, the last short
+             "small": torch.randint(0, 100, (7,), dtype=torch.int64, generator=g)}
+    packed = pack_buckets(named, version=3, bucket_bytes=1 << 30, checksums=False)
+    assert all(b.checksum == 0 for b in packed.manifest.buckets)
+    chunks = wire_chunks(packed.buffers)
+    assert [i for i, _ in chunks] == [0, 0, 0, 1]
+    assert max(c.numel() for _, c in chunks) <= WIRE_CHUNK_BYTES
+    sums = [0] * len(packed.buffers)
+    for index, chunk in chunks:
+        sums[index] = zlib.crc32(chunk.numpy(), sums[index])
+    assert sums == [bucket_checksum(b) for b in packed.buffers]
+    verified = with_checksums(packed.manifest, sums)
+    verify_buckets(verified, packed.buffers)
+    assert verified.buckets == pack_buckets(named, version=3, bucket_bytes=1 << 30).manifest.buckets
+    packed.buffers[0][5] += 1.0  # a torn byte fails the chained checksum
+    with pytest.raises(ChecksumMismatchError):
+        verify_buckets(verified, packed.buffers)

@@ -145,7 +145,7 @@ def test_megatron_train_step_runs_on_cpu(megatron_parallel_state, tmp_path):
     assert trainer.version == 6
 
     # checkpoint round trip on the megatron model
-    path = tmp_path / "megatron.pt"
+    path = tmp_path / "megatron-ckpt"
     trainer.save_checkpoint(path)
     restored = MegatronTrainer(hf_config, config, seed=9)
     restored.load_checkpoint(path)

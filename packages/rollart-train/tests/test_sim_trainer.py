@@ -71,7 +71,7 @@ def test_metrics_have_the_torch_trainers_keys_and_checkpoints_restore_the_versio
     assert torch_keys <= set(m) and m["policy_tokens"] == 10 and m["sequences"] == 2
     assert trainer.named_tensors()["sim.version"].tolist() == [1]
     assert trainer.weight_bytes == 2e9
-    trainer.save_checkpoint(tmp_path / "t.json")
+    trainer.save_checkpoint(tmp_path / "sim-ckpt")
     fresh = SimTrainer(1e9, BUILTIN_HARDWARE["H20"], 16)
-    fresh.load_checkpoint(tmp_path / "t.json")
+    fresh.load_checkpoint(tmp_path / "sim-ckpt")
     assert fresh.version == 1

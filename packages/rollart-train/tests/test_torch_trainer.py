@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
+import pathlib
+import pickle
 
 import pytest
 import torch
@@ -84,9 +87,12 @@ def test_checkpoint_round_trip(tmp_path):
     batch = _varied_batch()
     trainer.train_step(batch)
     trainer.train_step(batch)
-    path = tmp_path / "ckpt" / "trainer.pt"
+    path = tmp_path / "ckpt" / "trainer"
     trainer.save_checkpoint(path)
-    assert not path.with_name("trainer.pt.tmp").exists()
+    trainer.save_checkpoint(path)  # over an existing checkpoint: swapped in whole
+    assert sorted(p.name for p in path.parent.iterdir()) == ["trainer"]
+    assert sorted(p.name for p in path.iterdir()) == ["model.json", "model.safetensors", "optimizer.json",
+                                                      "optimizer.safetensors", "trainer.json"]
 
     restored = TorchTrainer(_model(seed=1), config)
     restored.load_checkpoint(path)
@@ -107,10 +113,39 @@ def test_checkpoint_round_trip(tmp_path):
 
 
 def test_load_checkpoint_rejects_unknown_format(tmp_path):
-    path = tmp_path / "bad.pt"
-    torch.save({"format": 99}, path)
-    with pytest.raises(TrainError, match=r"checkpoint_format must be one of \[1\], got 99"):
+    path = tmp_path / "bad"
+    path.mkdir()
+    (path / "trainer.json").write_text(json.dumps({"format": 99, "version": 3}))
+    with pytest.raises(TrainError, match=r"checkpoint_format must be one of \[2\], got 99"):
         TorchTrainer(_model()).load_checkpoint(path)
+
+
+class _Hostile:
+    """Unpickling this runs `marker.write_text(...)`: what a tampered checkpoint could do."""
+
+    def __init__(self, marker: pathlib.Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (pathlib.Path.write_text, (self.marker, "code ran on load"))
+
+
+def test_a_hostile_pickle_in_a_checkpoint_is_never_executed(tmp_path):
+    """Issue 14 item 8: loading a checkpoint never unpickles, so a planted pickle cannot run code."""
+    marker = tmp_path / "pwned"
+    trainer = TorchTrainer(_model())
+    good = tmp_path / "ckpt"
+    trainer.save_checkpoint(good)
+    # 1. the weights file replaced by a pickle: refused as not safetensors, nothing runs
+    (good / "model.safetensors").write_bytes(pickle.dumps(_Hostile(marker)))
+    with pytest.raises(TrainError, match="model.safetensors"):
+        TorchTrainer(_model()).load_checkpoint(good)
+    # 2. a format-1 file checkpoint (a torch.save pickle), as written before D19: refused, nothing runs
+    legacy = tmp_path / "trainer.pt"
+    torch.save({"format": 1, "model": _Hostile(marker)}, legacy)
+    with pytest.raises(TrainError, match="a checkpoint directory written by save_checkpoint"):
+        TorchTrainer(_model()).load_checkpoint(legacy)
+    assert not marker.exists()
 
 
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"])
@@ -163,6 +198,18 @@ def test_named_tensors_export_tied_weights_once():
     exported = TorchTrainer(model).named_tensors()
     assert set(exported) == {name for name, _ in model.named_parameters()}
     assert "lm_head.weight" not in exported and "model.embed_tokens.weight" in exported
+
+
+def test_named_tensors_copies_unless_told_not_to():
+    """copy=False hands out views of the live weights (a channel's pack snapshots them); the default copies."""
+    model = build_causal_lm(tiny_llama_config(vocab_size=64))
+    trainer = TorchTrainer(model)
+    live = dict(model.named_parameters())
+    copies, views = trainer.named_tensors(), trainer.named_tensors(copy=False)
+    assert set(copies) == set(views)
+    for name, view in views.items():
+        assert view.data_ptr() == live[name].data_ptr() and not view.requires_grad
+        assert copies[name].data_ptr() != live[name].data_ptr() and torch.equal(copies[name], view)
 
 
 def test_trainer_config_rejects_bad_values():

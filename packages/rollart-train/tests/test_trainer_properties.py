@@ -1,5 +1,5 @@
 """Properties of TorchTrainer: masked positions never reach the gradients, and the weight
-version only moves by successful steps or an explicit checkpoint restore (ARCHITECTURE §5:
+version only moves by successful steps or an explicit checkpoint restore (design/000-overview.md §5:
 versions seen downstream never go backwards unless the run is restored)."""
 
 from __future__ import annotations

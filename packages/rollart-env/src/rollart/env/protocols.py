@@ -1,7 +1,7 @@
 """The seams of rollart.env: Env, LLMClient, TrajectorySink, PromptBuilder and their data.
 
 Why Protocols with env-owned dataclasses: rollart.env imports no other rollart package
-(ARCHITECTURE §2); the scheduler adapts `LLMProxy.generate` to `LLMClient` and the SampleBuffer
+(design/000-overview.md §2); the scheduler adapts `LLMProxy.generate` to `LLMClient` and the SampleBuffer
 to `TrajectorySink`, so both sides can be tested alone.
 """
 

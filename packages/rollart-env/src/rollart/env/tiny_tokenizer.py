@@ -29,8 +29,12 @@ _CORPUS = [
 
 def build_tiny_chat_tokenizer(vocab_size: int = 400) -> Any:
     """Train a byte-level BPE on a built-in corpus and wrap it as a `PreTrainedTokenizerFast` with ChatML."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+        from transformers import PreTrainedTokenizerFast
+    except ImportError as err:  # the optional extra is missing: say which one
+        raise ImportError(f"{err.name or 'transformers'} is missing: the tiny tokenizer needs the [hf] extra, "
+                          "pip install 'rollart-env[hf]'") from err
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

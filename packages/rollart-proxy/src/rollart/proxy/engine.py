@@ -8,7 +8,7 @@ steps and never stalls the running batch (paper section 5.3).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from rollart.proxy.types import EngineLoad, EngineOutput, EngineRequest
 
@@ -60,8 +60,3 @@ class Engine(Protocol):
         the weights it serves (a no-op), anything else raises ``ProxyError`` (see weight_identity).
         """
         ...
-
-
-def describe_engine(engine: Any) -> str:
-    """A short name for logs and errors."""
-    return type(engine).__name__

@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     import torch
 
 ACTIVE, DRAINING, OFFLOADED, REMOVED = "active", "draining", "offloaded", "removed"
-SLOT_STATES = (ACTIVE, DRAINING, OFFLOADED, REMOVED)
 EventHook = Callable[[str, dict[str, Any]], None]
 WorkerFactory = Callable[[int], Awaitable[WorkerHandle]]
 """Builds and starts a fresh worker for a rank whose worker was removed (its devices may differ)."""

@@ -79,8 +79,12 @@ def build_tiny_model(path: str | Path, *, seed: int = 0) -> str:
     Deterministic for a given seed, so two processes (a test and a Ray actor, vLLM's engine
     process) see the same weights.
     """
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    try:
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError as err:  # the optional extra is missing: say which one
+        raise ImportError("build_tiny_model needs torch and transformers: pip install torch==2.13.0 "
+                          "'rollart-proxy[torch]'") from err
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)

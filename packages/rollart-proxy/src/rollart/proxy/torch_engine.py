@@ -20,7 +20,11 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import torch
+try:
+    import torch
+except ImportError as err:  # the optional extra is missing: say which one
+    raise ImportError("TorchEngine needs torch and transformers: pip install torch==2.13.0 'rollart-proxy[torch]' "
+                      "(the pin keeps the CPU build)") from err
 
 from rollart.proxy.errors import ProxyError
 from rollart.proxy.prefix_cache import KV, PrefixHit, PrefixKVCache

@@ -112,7 +112,10 @@ class VLLMEngine:
         check.int_range("max_num_seqs", max_num_seqs, min=1, max=4096, exc=ProxyError)  # generated #9935161f6a
         # VAL: VAL_INT_RANGE(max_model_len, min=2, max=1 << 22, exc=ProxyError)
         check.int_range("max_model_len", max_model_len, min=2, max=1 << 22, exc=ProxyError)  # generated #1af2d2d4c2
-        from vllm import EngineArgs, LLMEngine
+        try:
+            from vllm import EngineArgs, LLMEngine
+        except ImportError as err:  # the optional extra is missing: say which one
+            raise ImportError("VLLMEngine needs vLLM: pip install 'rollart-proxy[vllm]'") from err
         from vllm.platforms import current_platform
         from vllm.v1.executor import Executor
 

@@ -12,7 +12,7 @@ import asyncio
 import enum
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rollart.proxy.engine import Engine
@@ -88,7 +88,6 @@ class WorkerStats:
 class _Pending:
     request: EngineRequest
     callback: OutputCallback
-    extra: dict = field(default_factory=dict)
 
 
 class InferenceWorker:

@@ -1,7 +1,7 @@
 """Where workers live: in this process (LocalRuntime) or as Ray actors on placement groups (RayRuntime).
 
 Why a protocol (design D8): the Cluster is the same code in the local, Ray and simulated runtimes
-(ARCHITECTURE §3); only spawning, calling and killing differ. Ray is imported lazily, so the local
+(design/000-overview.md §3); only spawning, calling and killing differ. Ray is imported lazily, so the local
 runtime (tests, simulation) never pays for it.
 
 Placement (design D6): one placement group per worker, strategy STRICT_PACK, one bundle

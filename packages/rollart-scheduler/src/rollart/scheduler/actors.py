@@ -168,13 +168,15 @@ class RolloutActor(Worker):
         """Join the weight-sync world as `rank`."""
         await self._sync.join(world, rank)
 
-    async def receive(self, version: int, timeout: float) -> int:
-        """Take part in publishing `version` (collective or get) and retain it; returns its bytes."""
+    async def receive(self, version: int, timeout: float) -> dict[str, float]:
+        """Take part in publishing `version` (collective or get) and retain it; returns its bytes and seconds."""
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
         snapshot = await self._sync.channel.fetch(version, timeout=timeout)
         self._snapshots[version] = snapshot
         for old in sorted(self._snapshots)[:-2]:
             self._snapshots.pop(old).release()
-        return int(snapshot.manifest.total_bytes)
+        return {"bytes": float(snapshot.manifest.total_bytes), "receive_s": loop.time() - t0}
 
     async def checksums(self) -> dict[str, Any]:
         """What this worker serves: engine version, SHA-256 per tensor of the engine's own model where it
@@ -264,6 +266,7 @@ class TrainerActor(Worker):
         self._trainer_config = trainer_config
         self._trainer: Any = None
         self._sync = SyncEndpoint()
+        self._weights_lock = asyncio.Lock()  # a step and a publish's pack never overlap (D40)
 
     def rendezvous(self) -> str:
         """A tcp:// address on this actor's node for the world's rendezvous (asked of rank 0)."""
@@ -281,18 +284,28 @@ class TrainerActor(Worker):
 
     async def train_step(self, shard: Any) -> dict[str, float]:
         """One optimizer step over this replica's shard (gradients summed over the group)."""
-        return await asyncio.to_thread(self._trainer.train_step, shard)
+        async with self._weights_lock:
+            return await asyncio.to_thread(self._trainer.train_step, shard)
 
     def version(self) -> int:
         """The trainer's version."""
         return self._trainer.version
 
-    async def publish(self, version: int, timeout: float) -> int:
-        """Rank 0: publish the current weights as `version` through the channel; returns bytes sent."""
-        named = await asyncio.to_thread(self._trainer.named_tensors)
-        handle = self._sync.channel.publish(named, version)
+    async def publish(self, version: int, timeout: float) -> dict[str, float]:
+        """Rank 0: publish the current weights as `version` through the channel; returns bytes and phase seconds."""
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        # Views of the live weights, no clone: the channel's pack below is the snapshot (one copy, into
+        # reused buffers), taken before `channel.publish` returns, under the lock a train step holds (D40).
+        async with self._weights_lock:
+            named = self._trainer.named_tensors(copy=False)
+            t1 = loop.time()
+            handle = self._sync.channel.publish(named, version)
+            t2 = loop.time()
         await handle.wait(timeout=timeout)
-        return int(sum(t.numel() * t.element_size() for t in named.values()))
+        t3 = loop.time()
+        return {"bytes": float(sum(t.numel() * t.element_size() for t in named.values())),
+                "snapshot_s": t1 - t0, "pack_s": t2 - t1, "wire_s": t3 - t2}
 
     def named_tensors(self) -> dict[str, Any]:
         """The weights (local-channel runs and checks only; real runs publish)."""

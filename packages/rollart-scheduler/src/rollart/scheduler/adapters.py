@@ -2,7 +2,7 @@
 
 Why here: `rollart.env` defines `LLMClient`/`TrajectorySink`, `rollart.proxy` serves `generate`,
 `rollart.sync` calls `load_weights(weights, version)`, `rollart.train` takes `TrainSample`s; none
-of them may import the others (ARCHITECTURE §2), so the wiring lives in the scheduler.
+of them may import the others (design/000-overview.md §2), so the wiring lives in the scheduler.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 
 from rollart.resource import checks as check
+from rollart.scheduler.checkpoint import ConfigChangedError
 from rollart.scheduler.config import RunConfig
 from rollart.scheduler.errors import ConfigError, SchedulerError
 from rollart.scheduler.overrides import load_config_with
@@ -85,7 +86,8 @@ def default_run_dir(config: RunConfig) -> Path:
 
 
 async def run_pipeline(config: RunConfig, run_dir: Path, iterations: int, console: Console | None = None,
-                       resume: bool = True, base_dir: Path | None = None) -> list[dict[str, Any]]:
+                       resume: bool = True, base_dir: Path | None = None,
+                       allow_config_change: bool = False) -> list[dict[str, Any]]:
     """Build, (resume,) run with the pipeline's progress line, draw the timeline; return the records."""
     from rollart.scheduler.builder import build_pipeline
 
@@ -93,7 +95,7 @@ async def run_pipeline(config: RunConfig, run_dir: Path, iterations: int, consol
     pipe = await build_pipeline(config, run_dir, base_dir=base_dir)
     records: list[dict[str, Any]] = []
     try:
-        if resume and await pipe.restore():
+        if resume and await pipe.restore(allow_config_change=allow_config_change):
             console.print(f"resumed from checkpoint at iteration {pipe.iteration} (version {pipe.parts.trainer.version})")
         await pipe.run(iterations, on_iteration=records.append, progress=console)
     finally:
@@ -113,6 +115,8 @@ def run(
     run_dir: Path | None = typer.Option(None, "--run-dir", help="default: runs/<name>-<timestamp>"),
     iterations: int | None = typer.Option(None, "--iterations", "-n", help="override run.iterations"),
     sets: list[str] = typer.Option([], "--set", help=SET_HELP),
+    allow_config_change: bool = typer.Option(False, "--allow-config-change",
+                                             help="resume a run dir whose checkpoint was written under another config"),
 ) -> None:
     """`rollart run CONFIG`: build the pipeline from YAML and run it with a rich progress display."""
     try:
@@ -126,8 +130,9 @@ def run(
     out = Path(run_dir) if run_dir else default_run_dir(cfg)
     try:
         init_ray(cfg)
-        asyncio.run(run_pipeline(cfg, out, count, base_dir=Path(config).parent))
-    except ConfigError as err:  # a name or a capacity problem found before anything started
+        asyncio.run(run_pipeline(cfg, out, count, base_dir=Path(config).parent,
+                                 allow_config_change=allow_config_change))
+    except (ConfigError, ConfigChangedError) as err:  # found before a step ran: a name, a capacity, a resume
         typer.echo(str(err), err=True)
         raise typer.Exit(code=2) from None
 

@@ -21,31 +21,46 @@ ALGORITHMS = ("grpo", "ppo")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # the docstring under each field is its description (the generated config reference shows it)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class RunSection(_Strict):
     """Where and how long: run directory, iterations, seed, checkpoint cadence."""
 
     name: str = "run"
+    """Run name: metrics, the progress line and the default run directory `runs/<name>-<timestamp>`."""
     run_dir: str | None = None
+    """Run directory (metrics, timeline, checkpoints); `--run-dir` overrides it. Rerunning into it resumes."""
     iterations: int = Field(20, ge=1)
+    """Training iterations (one batch, one optimizer step each); `-n` overrides it."""
     seed: int = 0
+    """Seed of env resets, sampling and the tiny model's initialisation."""
     checkpoint_every: int = Field(1, ge=1)
+    """Write a checkpoint every this many iterations."""
     tensorboard: bool = True
+    """Mirror the metrics to TensorBoard logs in the run directory."""
 
 
 class PipelineSection(_Strict):
     """The mode switch (D5) and the batch shape."""
 
     mode: Literal["sync", "one_off", "async", "time_sharing"] = "async"
+    """What overlaps: `sync` (nothing), `one_off` (rollout one version behind), `async` (bounded staleness), `time_sharing` (`async` + lending rollout devices to training)."""
     alpha: int = Field(1, ge=0)
+    """Asynchronous bound: a trajectory whose oldest token is more than `alpha` versions old is aborted; 0 in `sync`, 1 in `one_off`."""
     batch_size: int = Field(32, ge=1)
+    """Trajectories per train step; a multiple of `group_size`."""
     group_size: int = Field(8, ge=1)
+    """Trajectories per prompt (GRPO group); a batch takes complete groups only."""
     redundancy: float = Field(1.5, ge=1.0, le=8.0)
+    """Groups kept in flight per batch group (>= 1): the extra ones absorb stragglers and are aborted when the batch is full."""
     balance_tasks: bool = True
+    """Take batches with every task in proportion to its `weight` rather than first come, first served."""
     get_batch_timeout_s: float = Field(600.0, gt=0)
+    """Seconds to wait for a full batch before the run fails."""
     update_timeout_s: float = Field(60.0, gt=0)
+    """Seconds a weight update (publish, fetch, load) may take."""
 
     @model_validator(mode="after")
     def _consistent(self) -> PipelineSection:
@@ -62,11 +77,17 @@ class TimeSharingSection(_Strict):
     """The controller's policy (D6) and its knobs."""
 
     policy: Literal["cost_aware", "always_shrink"] = "cost_aware"
+    """`cost_aware` lends devices only when the expected gain beats the measured switch cost; `always_shrink` lends `lend` devices every step (the baseline)."""
     margin: float = Field(1.0, ge=0)
+    """Lend only if the expected gain exceeds `margin` times the switch cost (`cost_aware`)."""
     min_keep: int = Field(1, ge=1)
+    """Rollout devices never lent (`cost_aware`)."""
     lend: int = Field(1, ge=1)
+    """Devices lent per train step (`always_shrink`)."""
     prior_switch_cost_s: float = Field(0.0, ge=0)
+    """Assumed switch cost (s) until one has been measured (`cost_aware`)."""
     slots_per_device: int = Field(16, ge=1)
+    """In-flight requests one rollout device serves; sizes the devices the remaining demand needs."""
 
 
 ENGINES = ("torch", "vllm", "sim")
@@ -88,7 +109,9 @@ class ClusterSection(_Strict):
     """
 
     ray: str = "none"
+    """`none` (in-process), `local` (start Ray on 127.0.0.1) or an existing cluster's address (`HOST:PORT`, `ray://HOST:PORT`)."""
     devices: dict[str, int] | None = None
+    """Inventory of the local cluster per hardware type (default: what the pools and the trainer ask for)."""
 
     @model_validator(mode="after")
     def _inventory(self) -> ClusterSection:
@@ -117,12 +140,19 @@ class ModelSection(_Strict):
     """
 
     path: str | None = None
+    """A Hugging Face checkpoint directory (config, safetensors, tokenizer); unset: the tiny demo model built locally."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights' dtype in the trainer and the engines."""
     hidden_size: int = Field(64, ge=8)
+    """Tiny model: hidden size (ignored with `path`)."""
     num_layers: int = Field(2, ge=1)
+    """Tiny model: decoder layers (ignored with `path`)."""
     num_heads: int = Field(4, ge=1)
+    """Tiny model: attention heads (ignored with `path`)."""
     intermediate_size: int = Field(128, ge=8)
+    """Tiny model: MLP width (ignored with `path`)."""
     max_positions: int = Field(128, ge=16)
+    """Tiny model: maximum sequence length (ignored with `path`)."""
 
     @model_validator(mode="after")
     def _checkpoint(self) -> ModelSection:
@@ -143,17 +173,24 @@ class RolloutPool(_Strict):
     """One pool of rollout workers on one hardware type, one worker per device."""
 
     name: str = Field(..., min_length=1)
+    """Pool name, unique in `rollout.pools`."""
     hardware: str = "H800"
+    """Hardware type of the pool's devices (a name from the rollart-resource catalogue, e.g. `H800`, `H20`)."""
     devices: int = Field(1, ge=1)
+    """Devices in the pool, one inference worker each."""
     engine: str = "torch"
+    """Inference engine: `torch`, `vllm` or `sim` (simulated roofline engine)."""
     engine_args: dict[str, Any] = Field(default_factory=dict)
+    """Extra keyword arguments for the engine (e.g. vLLM options)."""
     max_num_seqs: int = Field(16, ge=1)
+    """Sequences one worker decodes together."""
 
 
 class RolloutSection(_Strict):
     """The rollout side: pools of inference workers (several hardware types in one run)."""
 
     pools: list[RolloutPool] = Field(default_factory=lambda: [RolloutPool(name="rollout", devices=2)], min_length=1)
+    """The rollout pools; several hardware types in one run."""
 
     @model_validator(mode="after")
     def _unique(self) -> RolloutSection:
@@ -173,14 +210,18 @@ class RoutingSection(_Strict):
     """Hardware affinity (the paper's Listing 1): task tag -> hardware; `default` covers other tags."""
 
     affinity: dict[str, str] = Field(default_factory=dict)
+    """Task tag -> hardware type of the pool that serves it; `default` covers the other tags."""
 
 
 class SyncSection(_Strict):
     """How weights go from the trainer to the rollout workers (design D17)."""
 
     channel: Literal["local", "torch_dist", "mooncake"] = "local"
+    """Weight transport: `local` (one process), `torch_dist` (broadcast over a torch.distributed group) or `mooncake` (across clusters)."""
     bucket_mb: float = Field(64.0, gt=0, le=16384)
+    """Size bound of one weight bucket (MB)."""
     keep_last: int = Field(2, ge=1)
+    """Published versions the channel keeps."""
 
 
 class TrainerSection(_Strict):
@@ -192,25 +233,40 @@ class TrainerSection(_Strict):
     """
 
     backend: Literal["torch", "megatron"] = "torch"
+    """Training backend: `torch` or `megatron` (megatron-core, the `[megatron]` extra of rollart-train)."""
     placement: Literal["driver", "actors"] = "driver"
+    """`driver`: train in this process; `actors`: `devices` data-parallel Ray actors."""
     devices: int = Field(1, ge=1)
+    """Data-parallel trainer replicas (with `placement: actors`)."""
     hardware: str = "H800"
+    """Hardware type of the trainer's devices."""
     algorithm: Literal["grpo", "ppo"] = "grpo"
+    """`grpo` or `ppo`; recorded only: this version always trains on GRPO group advantages with the PPO-clip loss."""
     lr: float = Field(3e-3, gt=0)
+    """AdamW learning rate."""
     clip_eps: float = Field(0.2, gt=0)
+    """PPO clip range of the importance ratio."""
     entropy_coef: float = Field(0.0, ge=0)
+    """Weight of the entropy bonus."""
     normalize_advantage_std: bool = True  # False: Dr.GRPO advantages (reward - group mean), design D15
+    """Divide advantages by the group's standard deviation; `false` gives Dr.GRPO advantages (reward - group mean)."""
     max_grad_norm: float = Field(1.0, gt=0)
+    """Gradient clipping norm."""
     micro_batch_size: int = Field(64, ge=1)
+    """Sequences per forward/backward pass; gradients accumulate exactly over the batch."""
 
 
 class RewardService(_Strict):
     """A reward scored by a Reward-as-a-Service endpoint (`rollart reward serve`)."""
 
     service: str = Field(..., min_length=1)
+    """Base URL of the reward service (`rollart reward serve`)."""
     name: str = "default"
+    """Reward function name in the service's registry."""
     token_env: str | None = None
+    """Environment variable holding the service's bearer token."""
     deadline_s: float = Field(60.0, gt=0)
+    """Seconds one scoring call may take, retries included."""
 
 
 class TaskSection(_Strict):
@@ -223,15 +279,25 @@ class TaskSection(_Strict):
     """
 
     env: str = Field(..., min_length=1)
+    """The environment: a built-in name (`frozenlake`, `math`, `code`), a plugin name or an import path (`pkg.mod:Name`, `file.py:Name`)."""
     env_args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for the environment's constructor."""
     reward: str | RewardService | None = None
+    """The reward: a name, an import path or a reward service; default: the env's built-in reward."""
     prompts: Literal["auto", "demo", "chat_template"] = "auto"
+    """How observations become prompts: `demo` (tiny model), `chat_template` (the tokenizer's), `auto` (by model)."""
     system_prompt: str = ""
+    """System message of chat-template prompts."""
     tag: str = "default"
+    """Routing tag of the task's requests (see `routing.affinity`)."""
     weight: float = Field(1.0, gt=0)
+    """Share of the task in the mix and in balanced batches."""
     max_turns: int = Field(8, ge=1)
+    """Turns per trajectory before it is truncated."""
     max_tokens: int = Field(2, ge=1)
+    """Tokens generated per turn."""
     temperature: float = Field(1.0, gt=0)
+    """Sampling temperature."""
 
     @property
     def name(self) -> str:
@@ -243,15 +309,25 @@ class RunConfig(_Strict):
     """The whole run: pipeline, model, rollout pools, routing, trainer, sync, cluster and tasks."""
 
     run: RunSection = Field(default_factory=RunSection)
+    """Run directory, iterations, seed, checkpoints."""
     pipeline: PipelineSection = Field(default_factory=PipelineSection)
+    """Mode and batch shape."""
     time_sharing: TimeSharingSection = Field(default_factory=TimeSharingSection)
+    """Lending rollout devices to training."""
     cluster: ClusterSection = Field(default_factory=ClusterSection)
+    """Which Ray cluster runs the workers."""
     model: ModelSection = Field(default_factory=ModelSection)
+    """The policy model."""
     rollout: RolloutSection = Field(default_factory=RolloutSection)
+    """Rollout pools."""
     routing: RoutingSection = Field(default_factory=RoutingSection)
+    """Hardware affinity per task tag."""
     trainer: TrainerSection = Field(default_factory=TrainerSection)
+    """Trainer backend, placement and optimisation."""
     sync: SyncSection = Field(default_factory=SyncSection)
+    """Weight transport from trainer to rollout."""
     tasks: list[TaskSection] = Field(default_factory=lambda: [TaskSection(env="frozenlake")], min_length=1)
+    """The environments of the mix, with their rewards."""
 
     @model_validator(mode="after")
     def _composition(self) -> RunConfig:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ from rollart.env.trajectory import Trajectory
 from rollart.resource import checks as check
 from rollart.scheduler.adapters import trajectories_to_samples
 from rollart.scheduler.buffer import ABORTED, SampleBuffer, oldest_version
-from rollart.scheduler.checkpoint import Checkpointer
+from rollart.scheduler.checkpoint import Checkpointer, config_identity
 from rollart.scheduler.config import RunConfig
 from rollart.scheduler.errors import ConfigError, SchedulerError
 from rollart.scheduler.metrics import MetricsWriter, RoleTimeline, engine_metrics
@@ -36,7 +35,7 @@ from rollart.train.batch import build_train_batch
 if TYPE_CHECKING:
     from rich.console import Console
 
-log = logging.getLogger(__name__)
+_log = logging.getLogger(__name__)
 
 
 class ModelUpdater(Protocol):
@@ -216,7 +215,7 @@ class Pipeline:
         if p.checkpointer is not None and self.iteration % self.config.run.checkpoint_every == 0:
             await self.save()
         self.history.append(rec)
-        log.info("iteration %d: version %d, reward %.3f, %d trajectories, %.0f tok/s, step %.2f s", self.iteration,
+        _log.info("iteration %d: version %d, reward %.3f, %d trajectories, %.0f tok/s, step %.2f s", self.iteration,
                  rec["version"], rec["reward_mean"], rec["trajectories"], rec["tokens_per_s"], step_s)
         return rec
 
@@ -259,29 +258,31 @@ class Pipeline:
         return out
 
     # ---------------------------------------------------------------- checkpoints
-    async def save(self) -> None:
-        """Checkpoint the trainer (model, optimizer, version) and the iteration counter."""
-        assert self.parts.checkpointer is not None
-        with tempfile.TemporaryDirectory() as d:
-            path = Path(d) / "trainer.pt"
-            await self.parts.trainer.save_checkpoint(str(path))
-            blob = path.read_bytes()
-        self.parts.checkpointer.save(self.iteration, self.parts.trainer.version, {"trainer": blob})
-
-    async def restore(self) -> bool:
-        """Resume from the newest complete checkpoint (R9); push its weights to the rollout side."""
+    async def save(self) -> Path:
+        """Checkpoint the trainer (its own safetensors + JSON directory) and the iteration, with a manifest (D30)."""
         ck = self.parts.checkpointer
-        latest = ck.latest() if ck is not None else None
-        if latest is None:
+        assert ck is not None
+        tmp = ck.begin(self.iteration)
+        await self.parts.trainer.save_checkpoint(str(tmp / "trainer"))
+        return ck.commit(tmp, self.iteration, self.parts.trainer.version, config_identity(self.config))
+
+    async def restore(self, allow_config_change: bool = False) -> bool:
+        """Resume from the newest complete checkpoint (R9); push its weights to the rollout side.
+
+        Refused with `ConfigChangedError` (naming the changed fields) when the checkpoint was
+        written under another config, unless `allow_config_change` (D30).
+        """
+        ck = self.parts.checkpointer
+        info = ck.latest() if ck is not None else None
+        if info is None:
             return False
-        iteration, version, state = latest
-        with tempfile.TemporaryDirectory() as d:
-            path = Path(d) / "trainer.pt"
-            path.write_bytes(state["trainer"])
-            await self.parts.trainer.load_checkpoint(str(path))
-        self.iteration = iteration
-        self.parts.buffer.set_version(version)
-        await self._update(version)
+        changes = Checkpointer.check_config(info, config_identity(self.config), allow_change=allow_config_change)
+        if changes:
+            _log.warning("resuming %s under a changed config: %s", info.path, "; ".join(changes))
+        await self.parts.trainer.load_checkpoint(str(info.path / "trainer"))
+        self.iteration = info.iteration
+        self.parts.buffer.set_version(info.version)
+        await self._update(info.version)
         return True
 
     async def close(self) -> None:

@@ -105,8 +105,8 @@ class ActorTrainerGroup:
         self._version = int(results[0]["version"])
         return results[0]
 
-    async def publish(self, version: int, timeout: float) -> int:
-        """Rank 0 publishes `version` into its channel; returns bytes."""
+    async def publish(self, version: int, timeout: float) -> dict[str, float]:
+        """Rank 0 publishes `version` into its channel; returns bytes and phase seconds."""
         return await self.call(0, "publish", version, timeout)
 
     async def named_tensors(self) -> dict[str, Any]:
@@ -171,9 +171,15 @@ class ChannelUpdater:
         t0 = loop.time()
         receives = [h.call("receive", version, timeout) for h in self.rollout]
         if self.channel == "torch_dist":  # a collective: every rank at once
-            nbytes, *_ = await asyncio.wait_for(asyncio.gather(self.trainer.publish(version, timeout), *receives), timeout)
+            published, *received = await asyncio.wait_for(
+                asyncio.gather(self.trainer.publish(version, timeout), *receives), timeout)
         else:  # a store: put, then every actor gets
-            nbytes = await self.trainer.publish(version, timeout)
-            await asyncio.wait_for(asyncio.gather(*receives), timeout)
+            published = await self.trainer.publish(version, timeout)
+            received = await asyncio.wait_for(asyncio.gather(*receives), timeout)
+        t1 = loop.time()
         await self.proxy.update_weights(ChannelWeights(version), version)
-        return {"sync_s": loop.time() - t0, "sync_bytes": float(nbytes)}
+        t2 = loop.time()
+        return {"sync_s": t2 - t0, "sync_bytes": published["bytes"],
+                "sync_snapshot_s": published["snapshot_s"], "sync_pack_s": published["pack_s"],
+                "sync_wire_s": published["wire_s"], "sync_receive_s": max(r["receive_s"] for r in received),
+                "sync_transfer_s": t1 - t0, "sync_load_s": t2 - t1}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Union
 
 import torch
@@ -143,6 +143,13 @@ def as_named_list(named_tensors: NamedTensors) -> list[tuple[str, torch.Tensor]]
     return list(named_tensors)
 
 
+def with_checksums(manifest: Manifest, checksums: Sequence[int]) -> Manifest:
+    """The manifest with each bucket's checksum set (a channel that checksums during the transfer, D34)."""
+    # AST: AST_PRECONDITION(len(checksums) == len(manifest.buckets), got=len(checksums), msg="one checksum per bucket")
+    check.precondition(len(checksums) == len(manifest.buckets), "one checksum per bucket", got_lazy=lambda: len(checksums))  # generated #e112820909
+    return Manifest(manifest.version, tuple(replace(b, checksum=int(c)) for b, c in zip(manifest.buckets, checksums)))
+
+
 def bucket_checksum(buffer: torch.Tensor) -> int:
     """CRC-32 of a flat buffer's bytes: ~6 GB/s here, and it catches every single-bit and burst error."""
     flat = buffer.detach()
@@ -185,9 +192,16 @@ def _take_spare(spare: list[torch.Tensor], dtype: torch.dtype, numel: int) -> to
 
 
 def pack_buckets(
-    named_tensors: NamedTensors, version: int, bucket_bytes: int = DEFAULT_BUCKET_BYTES, spare: list[torch.Tensor] | None = None
+    named_tensors: NamedTensors,
+    version: int,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    spare: list[torch.Tensor] | None = None,
+    checksums: bool = True,
 ) -> PackedWeights:
     """Copy the tensors into flat buckets (one memcpy each) and checksum them: a snapshot the trainer may overwrite.
+
+    `checksums=False` leaves every bucket's checksum 0 for a channel that computes them itself while
+    the buckets are on the wire (TorchDistributedChannel, D34).
 
     `spare` holds flat buffers of an earlier, no longer referenced snapshot (a publisher's own, after
     its transfer finished); a bucket of the same dtype and size is packed into one of them instead
@@ -228,7 +242,7 @@ def pack_buckets(
                 dtype=dtype_name(dtype),
                 numel=total,
                 nbytes=total * buffer.element_size(),
-                checksum=bucket_checksum(buffer),
+                checksum=bucket_checksum(buffer) if checksums else 0,
                 entries=tuple(entries),
             )
         )

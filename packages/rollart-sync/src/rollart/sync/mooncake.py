@@ -24,7 +24,9 @@ from rollart.sync.bucket import (
     NamedTensors,
     PackedWeights,
     _take_spare,
+    bucket_checksum,
     pack_buckets,
+    with_checksums,
 )
 from rollart.sync.channel import DEFAULT_TIMEOUT_S, MAX_ATTEMPTS, PublishHandle, WeightSnapshot, fetch_verified
 from rollart.sync.errors import (
@@ -82,7 +84,8 @@ def mooncake_unavailable_reason() -> str | None:
     try:
         from mooncake.store import MooncakeDistributedStore  # noqa: F401
     except Exception as exc:  # ImportError, or an OSError from a missing shared library (libibverbs)
-        return f"mooncake.store does not import: {exc!r}"
+        return (f"mooncake.store does not import: {exc!r}; install the extra with "
+                "pip install 'rollart-sync[mooncake]' (it needs libibverbs1 on Debian)")
     return None
 
 
@@ -204,7 +207,7 @@ class MooncakeChannel:
             for ptr in registered:
                 self._store.unregister_buffer(ptr)
 
-    def _put_version(self, packed: PackedWeights) -> None:
+    def _put_buckets(self, packed: PackedWeights) -> None:
         version = packed.manifest.version
         items = [(self.bucket_key(version, s.index), b) for s, b in zip(packed.manifest.buckets, packed.buffers) if s.nbytes]
         ptrs = [b.data_ptr() for _, b in items]
@@ -213,7 +216,11 @@ class MooncakeChannel:
         failed = {k: c for (k, _), c in zip(items, codes) if c != 0}
         if failed:
             raise SyncError(f"Mooncake put of version {version} failed for {len(failed)} buckets: {failed}")
-        rc = self._store.put(self.manifest_key(version), packed.manifest.to_bytes())
+
+    def _put_manifest(self, manifest: Manifest) -> None:
+        """The manifest, then the latest pointer: a reader sees a version only once all of it is stored."""
+        version = manifest.version
+        rc = self._store.put(self.manifest_key(version), manifest.to_bytes())
         if rc != 0:
             raise SyncError(f"Mooncake put of the manifest of version {version} failed with code {rc}")
         rc = self._store.upsert(self.latest_key, str(version).encode())
@@ -265,7 +272,8 @@ class MooncakeChannel:
         # VAL: VAL_VERSION_MONOTONIC(version, self._published.current, exc=StaleVersionError)
         check.version_monotonic("version", version, self._published.current, exc=StaleVersionError)  # generated #6e0d0cfa45
         spare, self._spare = self._spare, []
-        packed = pack_buckets(named_tensors, version, self._bucket_bytes, spare=spare)
+        # the copy now (the snapshot); the CRCs while the buckets are put (D34)
+        packed = pack_buckets(named_tensors, version, self._bucket_bytes, spare=spare, checksums=False)
         self._published.advance(version)
         if self._publish_lock is None:
             self._publish_lock = asyncio.Lock()
@@ -276,7 +284,10 @@ class MooncakeChannel:
 
     async def _store_version(self, packed: PackedWeights, lock: asyncio.Lock) -> None:
         async with lock:  # publishes land in version order, so the latest pointer only moves forward
-            await asyncio.to_thread(self._put_version, packed)
+            put = asyncio.to_thread(self._put_buckets, packed)
+            sums = asyncio.to_thread(lambda: [bucket_checksum(b) for b in packed.buffers])
+            _, checksums = await asyncio.gather(put, sums)  # two threads: zlib and the store release the GIL
+            await asyncio.to_thread(self._put_manifest, with_checksums(packed.manifest, checksums))
             self._spare = list(packed.buffers)  # copied into the store; free for the next snapshot
             self._stored[packed.manifest.version] = len(packed.manifest.buckets)
             evict = []

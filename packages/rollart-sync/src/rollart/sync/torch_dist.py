@@ -25,10 +25,10 @@ from rollart.sync.bucket import (
     PackedWeights,
     _take_spare,
     allocate_buffers,
-    bucket_checksum,
     pack_buckets,
     unpack_buckets,
     verify_buckets,
+    with_checksums,
 )
 from rollart.sync.channel import DEFAULT_TIMEOUT_S, MAX_ATTEMPTS, PublishHandle, WeightSnapshot
 from rollart.sync.errors import (
@@ -43,13 +43,32 @@ from rollart.sync.versioning import LATEST, RetainedVersions, VersionLedger, Ver
 
 _OK, _CORRUPT = 0, 1
 
+WIRE_CHUNK_BYTES = 8 << 20
+"""8 MiB: the unit a bucket crosses the wire in, so each end checksums one chunk while the next moves (D34)."""
+
+
+def wire_chunks(buffers: Sequence[torch.Tensor]) -> list[tuple[int, torch.Tensor]]:
+    """(bucket index, byte slice) of every bucket, in order, each at most WIRE_CHUNK_BYTES (empty buckets: none)."""
+    out = []
+    for index, buffer in enumerate(buffers):
+        flat = buffer.view(torch.uint8)
+        out.extend((index, flat[start : start + WIRE_CHUNK_BYTES]) for start in range(0, flat.numel(), WIRE_CHUNK_BYTES))
+    return out
+
+
+def _crc(chunk: torch.Tensor, running: int) -> int:
+    """CRC-32 continued over one chunk: chained over a bucket's chunks it equals `bucket_checksum` of the bucket."""
+    return zlib.crc32((chunk if chunk.device.type == "cpu" else chunk.cpu()).numpy(), running)
+
 
 class TorchDistributedChannel:
     """Bucketed broadcast from `src_rank` to every other rank of `group`, receivers voting on integrity.
 
-    One update: header (version, manifest length, manifest CRC) -> manifest -> all buckets as
-    `async_op` broadcasts waited together -> `all_reduce(MAX)` of a corrupt flag; on a corrupt vote
-    the buckets go again, up to `max_attempts`. Collectives run on one dedicated thread so every rank
+    One update: header (version, manifest length, manifest CRC) -> manifest (its bucket checksums 0)
+    -> every bucket in WIRE_CHUNK_BYTES chunks as `async_op` broadcasts, the source computing each
+    bucket's CRC-32 and every receiver checking it chunk by chunk while later chunks move (D34) ->
+    the checksums -> `all_reduce(MAX)` of a corrupt flag; on a corrupt vote the buckets and
+    checksums go again, up to `max_attempts`. Collectives run on one dedicated thread so every rank
     issues them in the same order and the event loop never blocks; every asyncio wait has a deadline
     and the process group's own timeout bounds the thread.
     """
@@ -104,15 +123,6 @@ class TorchDistributedChannel:
     def _on_device(self, buffer: torch.Tensor) -> torch.Tensor:
         return buffer if self._device == "cpu" else buffer.to(self._device)
 
-    def _broadcast_buckets(self, buffers: Sequence[torch.Tensor]) -> None:
-        works = [
-            self._dist.broadcast(b.view(torch.uint8), self._src, group=self._group, async_op=True)
-            for b in buffers
-            if b.numel() > 0
-        ]
-        for work in works:
-            work.wait()
-
     def _vote(self, corrupt: bool) -> bool:
         flag = torch.tensor([_CORRUPT if corrupt else _OK], dtype=torch.int64, device=self._device)
         self._dist.all_reduce(flag, op=self._dist.ReduceOp.MAX, group=self._group)
@@ -124,27 +134,24 @@ class TorchDistributedChannel:
         self._dist.broadcast(header, self._src, group=self._group)
         self._dist.broadcast(self._on_device(torch.frombuffer(bytearray(raw), dtype=torch.uint8)), self._src, group=self._group)
         buffers = [self._on_device(b) for b in packed.buffers]
+        chunks = wire_chunks(buffers)
+        checksums: torch.Tensor | None = None
         for attempt in range(1, self._max_attempts + 1):
-            self._broadcast_buckets(buffers)
+            works = [self._dist.broadcast(c, self._src, group=self._group, async_op=True) for _, c in chunks]
+            if checksums is None:  # while the chunks move: the CRCs pack_buckets left out (D34)
+                sums = [0] * len(buffers)
+                for index, chunk in chunks:
+                    sums[index] = _crc(chunk, sums[index])
+                checksums = torch.tensor(sums, dtype=torch.int64, device=self._device)
+            for work in works:
+                work.wait()
+            self._dist.broadcast(checksums, self._src, group=self._group)
             if self._vote(corrupt=False):
                 return
             if attempt == self._max_attempts:
                 raise ChecksumMismatchError(
                     f"version {packed.manifest.version}: receivers reported corrupt buckets on all {attempt} attempts"
                 )
-
-    def _receive_and_verify_overlapped(self, manifest: Manifest, buffers: Sequence[torch.Tensor]) -> bool:
-        """Check each bucket's CRC as soon as it arrived, while the process group receives the next ones."""
-        pending = [
-            (spec, b, self._dist.broadcast(b.view(torch.uint8), self._src, group=self._group, async_op=True))
-            for spec, b in zip(manifest.buckets, buffers)
-            if b.numel() > 0
-        ]
-        ok = True
-        for spec, buffer, work in pending:
-            work.wait()
-            ok = ok and bucket_checksum(buffer) == spec.checksum
-        return ok
 
     def _receive_update(self, spare: list[torch.Tensor]) -> tuple[Manifest, list[torch.Tensor], int]:
         header = torch.empty(3, dtype=torch.int64, device=self._device)
@@ -163,19 +170,28 @@ class TorchDistributedChannel:
                 reused = _take_spare(spare, SUPPORTED_DTYPES[b.dtype], b.numel)
                 if reused is not None:
                     buffers[i] = reused
+        chunks = wire_chunks(buffers)
+        checksums = torch.empty(len(manifest.buckets), dtype=torch.int64, device=self._device)
         for attempt in range(1, self._max_attempts + 1):
+            works = [self._dist.broadcast(c, self._src, group=self._group, async_op=True) for _, c in chunks]
+            got = [0] * len(buffers)
+            for (index, chunk), work in zip(chunks, works):
+                work.wait()
+                if self._receive_hook is None:  # check this chunk while the next ones arrive
+                    got[index] = _crc(chunk, got[index])
+            self._dist.broadcast(checksums, self._src, group=self._group)
+            verified = with_checksums(manifest, checksums.cpu().tolist())
             if self._receive_hook is None:
-                corrupt = not self._receive_and_verify_overlapped(manifest, buffers)
+                corrupt = got != [b.checksum for b in verified.buckets]
             else:
-                self._broadcast_buckets(buffers)
                 self._receive_hook(attempt, buffers)
                 try:
-                    verify_buckets(manifest, buffers)
+                    verify_buckets(verified, buffers)
                     corrupt = False
                 except ChecksumMismatchError:
                     corrupt = True
             if self._vote(corrupt):
-                return manifest, buffers, attempt
+                return verified, buffers, attempt
         raise ChecksumMismatchError(f"version {version}: buckets corrupt on all {self._max_attempts} attempts; not applied")
 
     # ---- the channel interface ---------------------------------------------------------------------------
@@ -189,7 +205,8 @@ class TorchDistributedChannel:
         # VAL: VAL_VERSION_MONOTONIC(version, self._published.current, exc=StaleVersionError)
         check.version_monotonic("version", version, self._published.current, exc=StaleVersionError)  # generated #6e0d0cfa45
         spare, self._spare = self._spare, []
-        packed = pack_buckets(named_tensors, version, self._bucket_bytes, spare=spare)
+        # the copy now (the snapshot); the CRCs on the collective thread while the chunks move (D34)
+        packed = pack_buckets(named_tensors, version, self._bucket_bytes, spare=spare, checksums=False)
         self._published.advance(version)
         future = asyncio.get_running_loop().run_in_executor(self._executor, self._broadcast_update, packed)
 

@@ -107,8 +107,8 @@ class MegatronTrainer(TorchTrainer):
         with megatron_cpu_context():
             return self.model(input_ids, position_ids, attention_mask=causal)
 
-    def named_tensors(self) -> dict[str, torch.Tensor]:
-        """Weights under HF Llama names, loadable by TorchEngine / vLLM."""
+    def named_tensors(self, copy: bool = True) -> dict[str, torch.Tensor]:
+        """Weights under HF Llama names, loadable by TorchEngine / vLLM (views where the names map 1:1 with `copy=False`)."""
         # deps: megatron_to_hf_state_dict
         state = {k: v for k, v in self.model.state_dict().items() if _is_weight(k, v)}
-        return {k: v.detach().clone() for k, v in megatron_to_hf_state_dict(state, self.hf_config).items()}
+        return {k: v.detach().clone() if copy else v.detach() for k, v in megatron_to_hf_state_dict(state, self.hf_config).items()}

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -28,6 +27,7 @@ from rollart.resource import checks as check
 from rollart.resource.hardware import HardwareSpec
 from rollart.train.batch import TrainBatch
 from rollart.train.errors import TrainError
+from rollart.train.state_io import write_json_atomic
 
 
 @dataclass(frozen=True)
@@ -148,15 +148,17 @@ class SimTrainer:
         return {"sim.version": torch.tensor([self._version], dtype=torch.int64)}
 
     def save_checkpoint(self, path: str | Path) -> None:
-        """Write the version (JSON) atomically."""
+        """Write the directory `path` with `trainer.json` (the version; there are no weights) atomically."""
         path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({"kind": "sim", "version": self._version, "n_params": self.n_params}))
-        os.replace(tmp, path)
+        path.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path / "trainer.json", {"kind": "sim", "version": self._version, "n_params": self.n_params})
 
     def load_checkpoint(self, path: str | Path) -> None:
-        """Restore the version."""
-        state = json.loads(Path(path).read_text())
+        """Restore the version from `path/trainer.json` (plain JSON, nothing to unpickle)."""
+        meta_file = Path(path) / "trainer.json"
+        # AST: AST_PRECONDITION(meta_file.is_file(), got=str(path), msg="a checkpoint directory written by save_checkpoint (with trainer.json)", exc=TrainError)
+        check.precondition(meta_file.is_file(), "a checkpoint directory written by save_checkpoint (with trainer.json)", got_lazy=lambda: str(path), exc=TrainError)  # generated #ab62727e59
+        state = json.loads(meta_file.read_text())
         # AST: AST_PRECONDITION(state.get("kind") == "sim", got=state.get("kind"), msg="a SimTrainer checkpoint", exc=TrainError)
         check.precondition(state.get("kind") == "sim", "a SimTrainer checkpoint", got_lazy=lambda: state.get("kind"), exc=TrainError)  # generated #1a35b540c4
         self._version = int(state["version"])

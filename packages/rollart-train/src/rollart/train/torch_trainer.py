@@ -9,9 +9,10 @@ overrides only the forward and the weight export.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
-import os
+import shutil
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,10 +24,11 @@ from rollart.resource import checks as check
 from rollart.train.batch import TrainBatch
 from rollart.train.errors import TrainError
 from rollart.train.losses import LossConfig, policy_loss, token_log_probs
+from rollart.train.state_io import load_state, save_state, write_json_atomic
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_FORMATS = (1,)
+CHECKPOINT_FORMATS = (2,)  # 2: safetensors + JSON directory (D19); 1 was a torch.save pickle
 
 
 @dataclass(frozen=True)
@@ -255,10 +257,12 @@ class TorchTrainer:
         out["sequences"] = float(counts[1])
         return out
 
-    def named_tensors(self) -> dict[str, torch.Tensor]:
-        """Detached copies of the weights under HF state_dict names.
+    def named_tensors(self, copy: bool = True) -> dict[str, torch.Tensor]:
+        """Detached copies of the weights under HF state_dict names (views of the live weights with `copy=False`).
 
-        Copies, because a publisher may still serialize them while the next step runs. A tensor
+        Copies, because a publisher may still serialize them while the next step runs; a caller that
+        snapshots them itself before the next step (a weight channel's pack does) passes
+        `copy=False` and saves a copy into fresh memory per update (scheduler D40). A tensor
         shared under two names (tied embeddings: `lm_head.weight` aliases
         `model.embed_tokens.weight`) is exported once, under its first name, so the key set
         equals `named_parameters()` plus persistent buffers, the names an engine loads by.
@@ -269,33 +273,39 @@ class TorchTrainer:
             if tensor.data_ptr() in seen and tensor.numel() > 0:
                 continue
             seen.add(tensor.data_ptr())
-            out[name] = tensor.detach().clone()
+            out[name] = tensor.detach().clone() if copy else tensor.detach()
         return out
 
     def save_checkpoint(self, path: str | Path) -> None:
-        """Atomically write model, optimizer state, version and config.
+        """Write the directory `path`: model and optimizer tensors as safetensors, the rest as JSON (D19).
 
-        Written to a temporary file and renamed, so a crash mid-save keeps the old checkpoint.
+        Written into `path.tmp` and swapped in by renames, so a crash mid-save keeps the old checkpoint.
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        state = {
-            "format": CHECKPOINT_FORMATS[-1],
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "version": self._version,
-            "config": dataclasses.asdict(self.config),
-        }
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, path)
+        tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        save_state(self.model.state_dict(), tmp, "model")
+        save_state(self.optimizer.state_dict(), tmp, "optimizer")
+        write_json_atomic(tmp / "trainer.json", {"format": CHECKPOINT_FORMATS[-1], "kind": "torch",
+                                                 "version": self._version, "config": dataclasses.asdict(self.config)})
+        shutil.rmtree(old, ignore_errors=True)
+        if path.exists():
+            path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
 
     def load_checkpoint(self, path: str | Path) -> None:
-        """Restore weights, optimizer state and version written by save_checkpoint."""
-        state = torch.load(Path(path), map_location="cpu", weights_only=True)
+        """Restore weights, optimizer state and version written by save_checkpoint; never unpickles."""
+        path = Path(path)
+        meta_file = path / "trainer.json"
+        # AST: AST_PRECONDITION(meta_file.is_file(), got=str(path), msg="a checkpoint directory written by save_checkpoint (with trainer.json)", exc=TrainError)
+        check.precondition(meta_file.is_file(), "a checkpoint directory written by save_checkpoint (with trainer.json)", got_lazy=lambda: str(path), exc=TrainError)  # generated #ab62727e59
+        state = json.loads(meta_file.read_text())
         checkpoint_format = state.get("format")
         # VAL: VAL_ONE_OF(checkpoint_format, choices=CHECKPOINT_FORMATS, exc=TrainError)
         check.one_of("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS, exc=TrainError)  # generated #78525886a2
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.model.load_state_dict(load_state(path, "model"))
+        self.optimizer.load_state_dict(load_state(path, "optimizer"))
         self._version = int(state["version"])
