@@ -16,7 +16,7 @@ help:
 	@echo "make check   - fast static checks: lint, layering, annotation blocks, design docs"
 	@echo "make docs    - build the docs site (mkdocs build --strict)"
 	@echo "make bench   - run the benchmarks in scripts/bench/"
-	@echo "make expand  - expand # VAL: / # AST: annotations into generated blocks"
+	@echo "make expand  - expand # VAL: / # AST: annotations into one generated line each"
 	@echo "make wheels  - build every package into wheelhouse/ (pip install --find-links wheelhouse NAME)"
 
 install: $(STAMP) system-libs

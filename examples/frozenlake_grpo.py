@@ -49,9 +49,8 @@ async def main(iterations: int) -> None:
     updater = LocalUpdater(ModelUpdateGroup(LocalChannel(), [ProxyWeightLoader(proxy)]))
 
     # 3. environments: 10 GRPO groups of 8 EnvManagers each (redundancy 1.25 over 8 groups per batch)
-    buffer = SampleBuffer(alpha=1, group_size=8)
-    seen: list = []  # the pipeline's trajectory hook (tokens/s), set below
-    sink = ScoringSink(buffer, as_scorer(frozen_lake_reward), on_put=lambda t: [f(t) for f in seen])  # score, then buffer
+    buffer = SampleBuffer.from_config(config)  # the config's alpha and group size (Pipeline checks them)
+    sink = ScoringSink(buffer, as_scorer(frozen_lake_reward))  # score, then buffer
     def env():
         return FrozenLakeEnv(desc=FROZEN_LAKE_MAP, is_slippery=False, max_episode_steps=8)
     slots = [[EnvManager(env, ProxyLLMClient(proxy), FrozenLakePrompts(tokenizer), sink,
@@ -64,7 +63,6 @@ async def main(iterations: int) -> None:
     parts = PipelineParts(buffer=buffer, rollout=rollout, trainer=trainer, updater=updater, rollout_devices=[0, 1],
                           train_devices=[2], metrics=MetricsWriter(run_dir, tensorboard=False), closers=[sink.aclose, proxy.close])
     pipeline = Pipeline(config, parts)
-    seen.append(pipeline.on_trajectory)
     try:
         for rec in await pipeline.run(iterations):
             print(f"iter {rec['iteration']:3d}  reward {rec['reward_mean']:+.3f}  success {rec['success_rate']:.2f}")

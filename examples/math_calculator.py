@@ -43,9 +43,8 @@ async def main(iterations: int) -> None:
     trainer = LocalTrainer(TorchTrainer(build_causal_lm(model_cfg, seed=0), TrainerConfig(lr=3e-3, micro_batch_size=32)))
     updater = LocalUpdater(ModelUpdateGroup(LocalChannel(), [ProxyWeightLoader(proxy)]))
 
-    buffer = SampleBuffer(alpha=1, group_size=8)
-    seen: list = []  # the pipeline's trajectory hook (tokens/s), set below
-    sink = ScoringSink(buffer, as_scorer(math_reward), on_put=lambda t: [f(t) for f in seen])  # score, then buffer
+    buffer = SampleBuffer.from_config(config)  # the config's alpha and group size (Pipeline checks them)
+    sink = ScoringSink(buffer, as_scorer(math_reward))  # score, then buffer
     slots = [[EnvManager(lambda: MathCalcEnv(max_tool_calls=2), ProxyLLMClient(proxy), MathToolPrompts(tokenizer),
                          sink, EnvManagerConfig(max_turns=4, max_tokens_per_turn=1), name=f"math-{g}-{m}")
               for m in range(8)] for g in range(5)]
@@ -59,7 +58,6 @@ async def main(iterations: int) -> None:
                           train_devices=[3], controller=controller, metrics=MetricsWriter(run_dir, tensorboard=False),
                           closers=[sink.aclose, proxy.close])
     pipeline = Pipeline(config, parts)
-    seen.append(pipeline.on_trajectory)
     try:
         for rec in await pipeline.run(iterations):
             print(f"iter {rec['iteration']:3d}  reward {rec['reward_mean']:.3f}  lent {rec['lent_devices']}  "

@@ -12,7 +12,9 @@ def render_catalogue() -> str:
         "",
         f"Generated from `validation_patterns/patterns.yaml` (library version {lib.version}). "
         "Annotate code with `# VAL: ID(args)` or `# AST: ID(args)` and run `make expand`; "
-        "every pattern also accepts `exc=YourError` to raise a package's own exception class.",
+        "every pattern also accepts `exc=YourError` to raise a package's own exception class and "
+        "`name=\"...\"` to say how the message names the value. Each annotation expands to one line "
+        "calling `validation_patterns/checks.py` (copied as `rollart.resource.checks` and `rollart.env.checks`).",
         "",
         "| id | checks | raises |",
         "|---|---|---|",

@@ -5,7 +5,8 @@ template) that three consumers read — the expansion tool, the design-doc check
 catalogue — so they live in one YAML file, and the code they expand to is a Jinja2 template
 because Jinja2 is the well-kept, widely known way to render text with conditionals.
 Annotations are parsed with :mod:`ast` (an annotation is a Python call expression), so no
-hand-written parser decides what a parameter is.
+hand-written parser decides what a parameter is. An annotation renders to one line that calls
+the pattern's runtime function in :mod:`validation_patterns.checks`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -22,7 +23,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 LIBRARY_PATH = Path(__file__).with_name("patterns.yaml")
-COMMON_PARAMS = ("exc",)
+COMMON_PARAMS = ("exc", "name")
+RUNTIME_PATH = Path(__file__).with_name("checks.py")
 
 
 class PatternError(ValueError):
@@ -44,6 +46,7 @@ class Pattern(BaseModel):
     params: list[Param]
     exception: str
     message: str
+    named: str | None = None  # the parameter whose value the message names (VAL patterns)
     code: str
 
     @property
@@ -75,20 +78,13 @@ class Annotation:
 
     family: str  # "VAL" or "AST"
     pattern_id: str
-    args: dict[str, str]  # param name -> normalized source text
+    args: dict[str, str]  # param name -> normalized source text (what the design check compares)
     source: str  # the call text as written
+    written: dict[str, str] = field(default_factory=dict)  # param name -> source text as written
 
     @property
     def line(self) -> str:
         return f"# {self.family}: {self.source}"
-
-
-def _escape_string_literal(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"')
-
-
-def _escape_fstring_literal(text: str) -> str:
-    return _escape_string_literal(text).replace("{", "{{").replace("}", "}}")
 
 
 def parse_annotation(family: str, text: str) -> Annotation:
@@ -101,6 +97,8 @@ def parse_annotation(family: str, text: str) -> Annotation:
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
         raise PatternError(f"annotation must look like PATTERN_ID(arg, key=value), got {text!r}")
     pid = node.func.id
+    call_text = text.strip()
+    written = {}
     if pid not in lib.patterns:
         raise PatternError(f"unknown pattern id {pid!r}; known: {sorted(lib.patterns)}")
     pattern = lib.patterns[pid]
@@ -112,6 +110,7 @@ def parse_annotation(family: str, text: str) -> Annotation:
         raise PatternError(f"{pid} takes at most {len(names)} positional parameters {names}, got {len(node.args)}")
     for param_name, arg in zip(names, node.args):
         args[param_name] = ast.unparse(arg)
+        written[param_name] = ast.get_source_segment(call_text, arg)
     for kw in node.keywords:
         if kw.arg is None:
             raise PatternError(f"{pid}: **kwargs are not allowed in annotations")
@@ -120,6 +119,7 @@ def parse_annotation(family: str, text: str) -> Annotation:
         if kw.arg in args:
             raise PatternError(f"{pid}: parameter {kw.arg!r} given twice")
         args[kw.arg] = ast.unparse(kw.value)
+        written[kw.arg] = ast.get_source_segment(call_text, kw.value)
     by_name = {p.name: p for p in pattern.params}
     for param in pattern.params:
         if param.name not in args:
@@ -127,10 +127,50 @@ def parse_annotation(family: str, text: str) -> Annotation:
                 raise PatternError(f"{pid}: missing required parameter {param.name!r}")
             continue
         _check_kind(pid, param, args[param.name])
+    if "name" in args:
+        _check_kind(pid, Param(name="name", kind="str", doc=""), args["name"])
+        args["name"] = ast.literal_eval(args["name"])
+    elif pattern.named is not None and display_name(args[pattern.named]) is None:
+        raise PatternError(f"{pid}: {args[pattern.named]!r} is not a plain name or attribute; "
+                           f"say how the caller knows it with name=\"...\"")
     for name in args:
         if name in by_name and by_name[name].kind == "str":
             args[name] = ast.literal_eval(args[name])
-    return Annotation(family=family, pattern_id=pid, args=args, source=text.strip())
+    return Annotation(family=family, pattern_id=pid, args=args, source=call_text, written=written)
+
+
+def display_name(source: str) -> str | None:
+    """How a caller knows the value of an expression: `count`, `params.top_p`, `self._version` ->
+    `version`; None when the expression is not a plain name, attribute or constant subscript."""
+    node = ast.parse(source, mode="eval").body
+    parts: list[str] = []
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        if isinstance(node, ast.Subscript):
+            if not isinstance(node.slice, ast.Constant):
+                return None
+            return source if display_name(ast.unparse(node.value)) is not None else None
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    if node.id in ("self", "cls") and parts:
+        parts[-1] = parts[-1].lstrip("_") or parts[-1]
+    else:
+        parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def _is_plain(node: ast.expr) -> bool:
+    """A value the message may show without computing anything (shown eagerly, not lazily)."""
+    if isinstance(node, (ast.Name, ast.Constant)):
+        return True
+    if isinstance(node, ast.Attribute):
+        return _is_plain(node.value)
+    if isinstance(node, ast.Subscript):
+        return _is_plain(node.value) and isinstance(node.slice, ast.Constant)
+    if isinstance(node, ast.Tuple):
+        return all(_is_plain(elt) for elt in node.elts)
+    return False
 
 
 def _check_kind(pid: str, param: Param, source: str) -> None:
@@ -150,18 +190,33 @@ def _check_kind(pid: str, param: Param, source: str) -> None:
 _ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False, autoescape=False)
 
 
+def string_literal(text: str) -> str:
+    """A double-quoted Python string literal (the project's quote style) holding ``text``."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def render(annotation: Annotation) -> list[str]:
-    """The code lines (unindented) that an annotation expands to."""
+    """The code (one line, unindented) that an annotation expands to."""
     pattern = load_library().patterns[annotation.pattern_id]
-    values: dict[str, str] = {"exc": annotation.args.get("exc", pattern.exception)}
-    for param in pattern.params:
-        values[param.name] = annotation.args.get(param.name, param.default or "")
-    for name in list(values):
-        values[f"{name}_text"] = _escape_fstring_literal(values[name])
-        values[f"{name}_plain"] = _escape_string_literal(values[name])
+    args = annotation.args  # str parameters as values, expressions as normalized source
+    code = {**args, **{k: v for k, v in annotation.written.items() if k not in ("msg", "name")}}  # as written
+    values: dict[str, str] = {p.name: code.get(p.name, p.default or "") for p in pattern.params}
+    values["exc_arg"] = f", exc={code['exc']}" if "exc" in code else ""
+    if pattern.named is not None:
+        values["name"] = string_literal(args.get("name") or display_name(args[pattern.named]))
+    if "other" in values:
+        values["other_name"] = string_literal(display_name(values["other"]) or values["other"])
+    if pattern.family == "AST":
+        values["what"] = string_literal(args.get("msg") or code["cond"])
+        got = code.get("got", "None")
+        if got == "None":
+            values["got_arg"] = ""
+        elif _is_plain(ast.parse(got, mode="eval").body):
+            values["got_arg"] = f", got={got}"
+        else:
+            values["got_arg"] = f", got_lazy=lambda: {got}"
     text = _ENV.from_string(pattern.code).render(**values)
-    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
-    return lines
+    return [ln.rstrip() for ln in text.splitlines() if ln.strip()]
 
 
 def block_hash(lines: list[str]) -> str:

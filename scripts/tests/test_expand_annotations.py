@@ -43,7 +43,7 @@ def _load(text: str):
 
 def test_expanded_code_runs_and_raises_with_named_messages():
     expanded, problems = process_text(SAMPLE)
-    assert [p.kind for p in problems] == ["not-expanded"] * 3
+    assert [p.kind for p in problems] == ["not-expanded"] * 3 + ["import"]
     shrink = _load(expanded)["shrink"]
     assert shrink([0, 7], 1.0) == [0, 7]
     with pytest.raises(ValueError, match=r"target_gpus must contain only integers in \[0, 7\], got 8 in \[1, 8\]"):
@@ -63,7 +63,7 @@ def test_check_is_clean_after_expand_and_expand_is_idempotent():
 
 def test_check_reports_a_hand_edited_block():
     expanded, _ = process_text(SAMPLE)
-    edited = expanded.replace("0 <= _val_item <= 7", "0 <= _val_item <= 9")
+    edited = expanded.replace("min=0, max=7)", "min=0, max=9)")
     assert _kinds(edited) == ["hand-edited"]
 
 
@@ -73,14 +73,14 @@ def test_check_reports_a_stale_block_after_the_annotation_changes():
                                "VAL_INT_RANGE(target_gpus, min=0, max=3, each=True)")
     assert _kinds(changed) == ["stale"]
     fixed, _ = process_text(changed)
-    assert "0 <= _val_item <= 3" in fixed and _kinds(fixed) == []
+    assert "min=0, max=3)" in fixed and _kinds(fixed) == []
 
 
 def test_check_reports_a_stale_block_when_the_library_template_changes(monkeypatch):
     expanded, _ = process_text(SAMPLE)
     lib = load_library()
     pattern = lib.patterns["VAL_TIMEOUT"]
-    monkeypatch.setattr(pattern, "code", pattern.code.replace("> 0 seconds", "> 0 s"))
+    monkeypatch.setattr(pattern, "code", pattern.code.replace("check.timeout(", "check.deadline("))
     assert _kinds(expanded) == ["stale"]
 
 
@@ -126,9 +126,8 @@ def test_check_reports_bad_parameters(annotation, reason):
     assert reason in problems[0].detail
 
 
-def test_a_missing_end_marker_is_reported():
-    expanded, _ = process_text(SAMPLE)
-    broken = expanded.replace("# <<< generated", "", 1)
+def test_a_missing_end_marker_of_an_old_block_is_reported():
+    broken = OLD_FORM.replace("# <<< generated", "", 1)
     assert "unterminated" in _kinds(broken)
 
 
@@ -142,13 +141,13 @@ def test_every_library_pattern_renders_to_valid_python():
 
 _EXPRS = st.sampled_from(["x", "self.ranks", "cfg['gpus']", "len(xs) - 1", "(a, b)"])
 _ANNOTATIONS = st.one_of(
-    st.builds(lambda e: f"# VAL: VAL_NON_EMPTY({e})", _EXPRS),
-    st.builds(lambda e, lo, hi: f"# VAL: VAL_INT_RANGE({e}, min={lo}, max={hi})", _EXPRS,
+    st.builds(lambda e: f'# VAL: VAL_NON_EMPTY({e}, name="xs")', _EXPRS),
+    st.builds(lambda e, lo, hi: f'# VAL: VAL_INT_RANGE({e}, min={lo}, max={hi}, name="x")', _EXPRS,
               st.integers(-5, 5), st.integers(5, 20)),
-    st.builds(lambda e: f"# VAL: VAL_UNIQUE({e})", _EXPRS),
-    st.builds(lambda e, f: f"# VAL: VAL_DISJOINT({e}, {f})", _EXPRS, _EXPRS),
+    st.builds(lambda e: f'# VAL: VAL_UNIQUE({e}, name="xs")', _EXPRS),
+    st.builds(lambda e, f: f'# VAL: VAL_DISJOINT({e}, {f}, name="xs")', _EXPRS, _EXPRS),
     st.builds(lambda e: f"# AST: AST_INVARIANT({e} is not None, got={e})", _EXPRS),
-    st.builds(lambda e: f"# VAL: VAL_VERSION_MONOTONIC({e}, current, strict=False)", _EXPRS),
+    st.builds(lambda e: f'# VAL: VAL_VERSION_MONOTONIC({e}, current, strict=False, name="version")', _EXPRS),
 )
 
 
@@ -162,7 +161,7 @@ def test_expanding_twice_changes_nothing(items):
     assert twice == once
     assert problems == []
     # the annotations themselves are untouched: only generated blocks were added
-    kept = [ln for ln in once.split("\n") if not ln.strip().startswith("# >>>") and "generated" not in ln]
+    kept = [ln for ln in once.split("\n") if "# generated #" not in ln]
     assert all(line.rstrip() in kept for line in source.split("\n") if "# VAL:" in line or "# AST:" in line)
 
 
@@ -172,8 +171,141 @@ def test_parse_annotation_error_type():
 
 
 def test_assertions_without_got_render_a_plain_string_that_keeps_braces():
-    """No f-prefix without placeholders (ruff F541 would rewrite the block), and braces survive."""
+    """Braces in a message survive (the message is a plain string, not an f-string)."""
     expanded, _ = process_text("def f(d):\n    # AST: AST_INVARIANT(d != {}, msg=\"d != {}\")\n    return d\n")
-    assert 'raise AssertionError("Invariant: d != {}")' in expanded
+    assert 'check.invariant(d != {}, "d != {}")' in expanded
     with pytest.raises(AssertionError, match=r"^Invariant: d != \{\}$"):
         _load(expanded)["f"]({})
+
+
+# ---- the one-line form: what a reader sees ---------------------------------------------------------
+
+def test_each_annotation_expands_to_one_line_calling_the_runtime():
+    expanded, _ = process_text(SAMPLE)
+    body = expanded.split("\n")
+    assert body[0] == "from validation_patterns import checks as check"
+    generated = [ln for ln in body if "# generated #" in ln]
+    assert [ln.strip().split("  #")[0] for ln in generated] == [
+        'check.int_range_each("target_gpus", target_gpus, min=0, max=7)',
+        'check.timeout("timeout", timeout)',
+        'check.postcondition(len(offload_ranks) > 0, "offload_ranks not empty", got=offload_ranks)',
+    ]
+    assert len(body) == len(SAMPLE.split("\n")) + 4  # one line per annotation, plus the import
+
+
+def test_messages_name_the_value_as_the_caller_knows_it():
+    text = ("class P:\n    def f(self, version):\n"
+            "        # VAL: VAL_VERSION_MONOTONIC(version, self._version, strict=False)\n"
+            "        # VAL: VAL_POSITIVE(self._rate)\n        return version\n")
+    expanded, _ = process_text(text)
+    assert 'check.version_monotonic("version", version, self._version, strict=False)' in expanded
+    assert 'check.positive("rate", self._rate)' in expanded
+    cls = _load(expanded)["P"]
+    obj = cls()
+    obj._version, obj._rate = 3, 1.0
+    with pytest.raises(ValueError, match=r"^version must be >= the current version 3 \(versions never go back"):
+        obj.f(2)
+
+
+def test_a_computed_value_needs_a_name_and_then_uses_it():
+    bad = "def f(ws):\n    # VAL: VAL_UNIQUE([w.id for w in ws])\n    return ws\n"
+    problems = process_text(bad)[1]
+    assert [p.kind for p in problems][:1] == ["bad-annotation"] and 'name="..."' in problems[0].detail
+    good, problems = process_text(bad.replace("ws])", 'ws], name="ids of ws")'))
+    assert "bad-annotation" not in [p.kind for p in problems]
+    assert 'check.unique("ids of ws", [w.id for w in ws])' in good
+
+
+def test_a_got_that_computes_is_evaluated_only_when_the_check_fails():
+    text = ("calls = []\n\n\ndef cost(x):\n    calls.append(x)\n    return x\n\n\n"
+            "def f(x):\n    # AST: AST_PRECONDITION(x > 0, got=cost(x))\n    return x\n")
+    expanded, _ = process_text(text)
+    assert "got_lazy=lambda: cost(x)" in expanded
+    ns = _load(expanded)
+    ns["f"](1)
+    assert ns["calls"] == []
+    with pytest.raises(AssertionError, match=r"^Pre-condition: x > 0, got -1$"):
+        ns["f"](-1)
+
+
+def test_the_rendered_code_never_double_negates():
+    lib = load_library()
+    for pid, pattern in lib.patterns.items():
+        positional = ", ".join(f"p{i}" for i, prm in enumerate(pattern.params) if prm.default is None)
+        (line,) = render(parse_annotation(pattern.family, f"{pid}({positional})"))
+        assert "not (" not in line and " - " not in line, line
+
+
+def test_a_package_module_imports_the_runtime_copy_of_its_host(tmp_path):
+    for pkg, host in (("proxy", "resource"), ("env", "env"), ("resource", "resource")):
+        path = tmp_path / "packages" / f"rollart-{pkg}" / "src" / "rollart" / pkg / "mod.py"
+        expanded, _ = process_text(SAMPLE, path)
+        assert f"from rollart.{host} import checks as check" in expanded
+
+
+def test_the_runtime_copies_are_written_and_checked(tmp_path, monkeypatch):
+    mod = tmp_path / "packages" / "rollart-proxy" / "src" / "rollart" / "proxy" / "mod.py"
+    mod.parent.mkdir(parents=True)
+    mod.write_text(SAMPLE)
+    copy = tmp_path / "packages" / "rollart-resource" / "src" / "rollart" / "resource" / "checks.py"
+    copy.parent.mkdir(parents=True)
+    assert expand_annotations.expand_paths([str(tmp_path / "packages")]) == []
+    assert copy.read_text().endswith(ROOT.joinpath("validation_patterns", "checks.py").read_text())
+    assert expand_annotations.check_paths([str(tmp_path / "packages")])[0] == []
+    copy.write_text(copy.read_text() + "# edited\n")
+    assert [p.kind for p in expand_annotations.check_paths([str(tmp_path / "packages")])[0]] == ["stale"]
+
+
+# ---- migration of the earlier four-line form (what merged branches bring) --------------------------
+
+OLD_FORM = '''\
+def shrink(target_gpus, timeout):
+    # VAL: VAL_INT_RANGE(target_gpus, min=0, max=7, each=True)
+    # >>> generated VAL_INT_RANGE #0123456789 (edit the annotation, not this block)
+    for _val_item in target_gpus:
+        if isinstance(_val_item, bool) or not isinstance(_val_item, int) or not (0 <= _val_item <= 7):
+            raise ValueError(f"target_gpus must contain only integers in [{ 0 }, { 7 }], got {_val_item!r} in {target_gpus!r}")
+    # <<< generated
+    # VAL: VAL_TIMEOUT(timeout)
+    # >>> generated VAL_TIMEOUT #abcdef0123 (edit the annotation, not this block)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
+        raise ValueError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
+    # <<< generated
+    offload_ranks = list(target_gpus)
+    # AST: AST_POSTCONDITION(len(offload_ranks) > 0, got=offload_ranks, msg="offload_ranks not empty")
+    # >>> generated AST_POSTCONDITION #fedcba9876 (edit the annotation, not this block)
+    if not (len(offload_ranks) > 0):
+        raise AssertionError(f"Post-condition: offload_ranks not empty, got {offload_ranks!r}")
+    # <<< generated
+    return offload_ranks
+'''
+
+
+def test_expand_migrates_old_four_line_blocks_to_the_one_line_form():
+    assert _kinds(OLD_FORM) == ["old-format"] * 3 + ["import"]
+    migrated, _ = process_text(OLD_FORM)
+    assert migrated == process_text(SAMPLE)[0]
+    assert ">>> generated" not in migrated and "<<< generated" not in migrated
+    assert _kinds(migrated) == []
+
+
+def test_a_merge_that_kept_both_forms_or_lost_an_annotation_is_cleaned_by_expand():
+    new_form, _ = process_text(SAMPLE)
+    # a conflict resolved by keeping both sides: the new line plus an old block, one annotation gone
+    lines = new_form.split("\n")
+    at = next(k for k, ln in enumerate(lines) if "check.timeout(" in ln)
+    old_timeout_block = OLD_FORM.split("\n")[8:12]
+    merged = "\n".join(lines[: at + 1] + old_timeout_block + lines[at + 1 :])
+    assert "orphan" in _kinds(merged)
+    cleaned, _ = process_text(merged)
+    assert cleaned == new_form
+    no_annotation = new_form.replace("    # VAL: VAL_TIMEOUT(timeout)\n", "")
+    assert "orphan" in _kinds(no_annotation)
+    assert "check.timeout(" not in process_text(no_annotation)[0]
+
+
+def test_a_module_without_annotations_loses_the_runtime_import():
+    new_form, _ = process_text(SAMPLE)
+    bare = "\n".join(ln for ln in new_form.split("\n") if "# VAL:" not in ln and "# AST:" not in ln)
+    cleaned, problems = process_text(bare)
+    assert "import checks as check" not in cleaned and "check." not in cleaned

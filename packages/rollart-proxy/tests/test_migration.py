@@ -309,3 +309,33 @@ def test_shrink_by_count_picks_the_least_loaded_workers():
     assert released == [r for r in range(3) if r not in loaded] and len(released) == 1
     assert devices == [2 * released[0], 2 * released[0] + 1]
     assert all(len(r.token_ids) == 300 for r in out)
+
+
+class _RestartFails(InferenceWorker):
+    """A real worker whose device is lost: its restart raises."""
+
+    async def restart(self) -> None:
+        raise RuntimeError("device 0 lost")
+
+
+def test_a_failed_restart_is_logged_with_its_cause_and_the_worker_removed(caplog):
+    async def go():
+        broken = _RestartFails("w0", partial(SimEngine, QWEN3_8B, lookup_hardware("H20")), devices=(0,))
+        healthy = InferenceWorker("w1", partial(SimEngine, QWEN3_8B, lookup_hardware("H20")), devices=(1,))
+        for w in (broken, healthy):
+            await w.start()
+        proxy = LLMProxy([broken, healthy])
+        tasks = [asyncio.create_task(proxy.generate(req(i, max_tokens=200))) for i in range(4)]
+        await asyncio.sleep(0.2)
+        broken.engine.inject_fault(0)
+        out = await asyncio.gather(*tasks)
+        await proxy.close()
+        return [s.state for s in proxy.slots], out
+
+    with caplog.at_level("INFO", logger="rollart.proxy"):
+        states, out = run_virtual(go())
+    assert states == [REMOVED, ACTIVE] and all(len(r.token_ids) == 200 for r in out)
+    failed = [r for r in caplog.records if "failed; removing it" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].name == "rollart.proxy.proxy" and failed[0].levelname == "WARNING"
+    assert isinstance(failed[0].exc_info[1], RuntimeError) and "device 0 lost" in str(failed[0].exc_info[1])
+    assert any("worker 0 removed" in r.getMessage() for r in caplog.records)

@@ -123,7 +123,7 @@ async def test_load_weights_changes_output_tags_versions_and_recomputes_kv(engin
     assert after.token_ids[:3] == before.token_ids[:3]  # tokens from version 0 kept
     assert after.token_versions == (0, 0, 0) + (1,) * 7
     assert after.token_ids[3:] != before.token_ids[3:]
-    with pytest.raises(ProxyError, match="version must be >= self._version"):
+    with pytest.raises(ProxyError, match="version must be >= the current version"):
         await engine.load_weights({}, version=0)
     with pytest.raises(ProxyError, match="not allowed: \\['nope'\\]"):
         await engine.load_weights({"nope": torch.zeros(1)}, version=2)

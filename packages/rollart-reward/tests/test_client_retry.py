@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rollart.env.trajectory import Trajectory, Turn
-from rollart.reward.client import RewardClient, backoff_delay
+from rollart.reward.client import RewardClient
 from rollart.reward.errors import RewardAttemptsExhaustedError, RewardRequestError, RewardTimeoutError
 
 TOKEN = "test-token-123456"  # the conftest's server token
@@ -93,6 +93,6 @@ async def test_non_retryable_status_is_named(shared_server):
 @given(attempt=st.integers(1, 60), base=st.floats(0.0, 5.0), cap=st.floats(0.0, 30.0), seed=st.integers(0, 2**16))
 def test_backoff_grows_is_jittered_and_capped(attempt, base, cap, seed):
     rng = random.Random(seed)
-    delay = backoff_delay(attempt, base, cap, rng)
+    delay = RewardClient("http://127.0.0.1:1", "t", backoff_base_s=base, backoff_max_s=cap).backoff.delay(attempt, rng)
     ceiling = min(cap, base * 2 ** min(attempt - 1, 60))
     assert ceiling / 2 <= delay <= ceiling  # equal jitter: at least half the exponential step, never above the cap

@@ -49,3 +49,14 @@ def test_bad_config_names_the_field(tmp_path):
     assert "pipeline.mode" in result.output and "time_sharing" in result.output
     result = CliRunner().invoke(app, ["timeline", str(tmp_path / "nothing")])
     assert result.exit_code == 2 and "timeline.jsonl" in result.output
+
+
+def test_a_bad_iteration_count_fails_in_one_line_before_anything_starts(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(CONFIG)
+    run_dir = tmp_path / "run"
+    for n in ("-3", "0"):
+        result = CliRunner().invoke(app, ["run", str(cfg), "--run-dir", str(run_dir), "-n", n])
+        assert result.exit_code == 2, result.output
+        assert result.output.strip() == f"--iterations must be an integer in [1, 10000000], got {n}"
+        assert not run_dir.exists()  # nothing was built, no worker started

@@ -10,6 +10,7 @@ import torch
 from rollart.scheduler.builder import build_pipeline
 from rollart.scheduler.config import parse_config
 from rollart.scheduler.metrics import REQUIRED_KEYS, read_metrics
+from rollart.scheduler.pipeline import Pipeline
 
 
 def tiny_config(mode: str, **pipeline) -> dict:
@@ -77,6 +78,32 @@ async def test_resume_after_crash(tmp_path):
         await again.close()
     assert [r["iteration"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4]
     assert again.parts.trainer.version == 4
+
+
+async def test_a_hand_built_pipeline_counts_tokens_shows_progress_and_draws_a_timeline(tmp_path):
+    """Parts composed without the builder's help: the Pipeline itself observes the buffer (tokens/s),
+    prints the `rollart run` progress line and opens a timeline in the metrics' run directory."""
+    import io
+
+    from rich.console import Console
+
+    cfg = parse_config(tiny_config("async"))
+    built = await build_pipeline(cfg, tmp_path / "built")
+    parts = built.parts
+    parts.timeline.close()
+    parts.timeline = None  # as a hand-built PipelineParts leaves it
+    hand = Pipeline(cfg, parts)
+    out = io.StringIO()
+    try:
+        recs = await hand.run(2, progress=Console(file=out, width=200, force_terminal=False))
+    finally:
+        await hand.close()
+    assert all(r["tokens_per_s"] > 0 for r in recs), [r["tokens_per_s"] for r in recs]
+    assert hand.seen_trajectories >= 16
+    line = out.getvalue()
+    assert "2/2" in line and "traj 16" in line and "tok/s" in line and "v2" in line
+    roles = {json.loads(x)["role"] for x in (tmp_path / "built" / "timeline.jsonl").read_text().splitlines()}
+    assert {"rollout", "train"} <= roles
 
 
 async def test_metrics_carry_prefix_cache_fields(tmp_path):

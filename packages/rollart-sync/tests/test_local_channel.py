@@ -58,7 +58,7 @@ async def test_retention_keeps_last_k_and_reports_evicted_versions():
 async def test_versions_never_go_backwards_on_publish():
     channel = LocalChannel()
     channel.publish(_weights(3), 3)
-    with pytest.raises(StaleVersionError, match="must be > .* got 3 with current 3"):
+    with pytest.raises(StaleVersionError, match="must be > the current version 3 .* got 3"):
         channel.publish(_weights(3), 3)
     with pytest.raises(StaleVersionError):
         channel.publish(_weights(2), 2)
@@ -132,7 +132,7 @@ def test_ledger_and_retention_validation():
     assert ledger.is_newer(0)
     ledger.advance(0)
     assert not ledger.is_newer(0)
-    with pytest.raises(StaleVersionError, match="version must be > self._current"):
+    with pytest.raises(StaleVersionError, match="version must be > the current version"):
         ledger.advance(0)
     with pytest.raises(SyncValidationError, match=r"keep_last must be an integer in \[1, 1024\], got 0"):
         RetainedVersions(0)

@@ -215,9 +215,9 @@ def test_named_tensors_copies_unless_told_not_to():
 def test_trainer_config_rejects_bad_values():
     with pytest.raises(TrainError, match="micro_batch_size must be an integer in"):
         TrainerConfig(micro_batch_size=0)
-    with pytest.raises(TrainError, match="self.lr must be > 0"):
+    with pytest.raises(TrainError, match="lr must be > 0"):
         TrainerConfig(lr=0.0)
-    with pytest.raises(TrainError, match="self.loss must be of type LossConfig"):
+    with pytest.raises(TrainError, match="loss must be of type LossConfig"):
         TrainerConfig(loss={"kl_coef": 0.1})
 
 

@@ -1,6 +1,13 @@
 """rollart.env: The async Env protocol, trajectory-level EnvManagers, shipped environments, timeouts, retries and redundant rollouts."""
 
-from rollart.env.errors import EnvCrashedError, EnvError, EnvTimeoutError, LLMCallError, TransientEnvError
+from rollart.env.errors import (
+    EnvCrashedError,
+    EnvError,
+    EnvProtocolError,
+    EnvTimeoutError,
+    LLMCallError,
+    TransientEnvError,
+)
 from rollart.env.protocols import (
     Env,
     GenerationRequest,
@@ -20,6 +27,7 @@ __all__ = [
     "Env",
     "EnvCrashedError",
     "EnvError",
+    "EnvProtocolError",
     "EnvTimeoutError",
     "GenerationRequest",
     "GenerationResult",

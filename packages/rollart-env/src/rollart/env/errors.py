@@ -24,5 +24,9 @@ class EnvTimeoutError(EnvError):
     """A reset or step did not return within its per-call deadline."""
 
 
+class EnvProtocolError(EnvError, TypeError):
+    """A part handed to the EnvManager does not follow its protocol (a sync `step`, a missing method)."""
+
+
 class LLMCallError(EnvError):
     """The LLM client failed after its retries; the trajectory ends with a reason."""

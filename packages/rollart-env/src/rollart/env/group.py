@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from rollart.env import checks as check
 from rollart.env.errors import EnvError
 from rollart.env.manager import EnvManager
 from rollart.env.trajectory import Trajectory, TrajectoryStatus
@@ -22,15 +23,9 @@ class LockstepBarrier:
     def __init__(self, parties: int, timeout_s: float = 3600.0) -> None:
         """Create a barrier for `parties` participants; each wait is bounded by `timeout_s`."""
         # VAL: VAL_INT_RANGE(parties, min=1, max=1_000_000, exc=EnvError)
-        # >>> generated VAL_INT_RANGE #57ef6ba985 (edit the annotation, not this block)
-        if isinstance(parties, bool) or not isinstance(parties, int) or not (1 <= parties <= 1000000):
-            raise EnvError(f"parties must be an integer in [{ 1 }, { 1000000 }], got {parties!r}")
-        # <<< generated
+        check.int_range("parties", parties, min=1, max=1_000_000, exc=EnvError)  # generated #2eeca1ce20
         # VAL: VAL_TIMEOUT(timeout_s, exc=EnvError)
-        # >>> generated VAL_TIMEOUT #77cb29c4ed (edit the annotation, not this block)
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (timeout_s - timeout_s == 0) or not timeout_s > 0:
-            raise EnvError(f"timeout_s must be a finite timeout > 0 seconds, got {timeout_s!r}")
-        # <<< generated
+        check.timeout("timeout_s", timeout_s, exc=EnvError)  # generated #41ad1d0a8c
         self._parties = parties
         self._arrived = 0
         self._timeout_s = timeout_s
@@ -72,15 +67,9 @@ class EnvGroup:
     def __init__(self, managers: Sequence[EnvManager], barrier_timeout_s: float = 3600.0) -> None:
         """Group existing managers (they keep their own env, LLM client and sink)."""
         # VAL: VAL_NON_EMPTY(managers, exc=EnvError)
-        # >>> generated VAL_NON_EMPTY #9a1f627330 (edit the annotation, not this block)
-        if len(managers) == 0:
-            raise EnvError(f"managers must not be empty, got {managers!r}")
-        # <<< generated
+        check.non_empty("managers", managers, exc=EnvError)  # generated #ee7d257633
         # VAL: VAL_TIMEOUT(barrier_timeout_s, exc=EnvError)
-        # >>> generated VAL_TIMEOUT #67cd4a0763 (edit the annotation, not this block)
-        if isinstance(barrier_timeout_s, bool) or not isinstance(barrier_timeout_s, (int, float)) or not (barrier_timeout_s - barrier_timeout_s == 0) or not barrier_timeout_s > 0:
-            raise EnvError(f"barrier_timeout_s must be a finite timeout > 0 seconds, got {barrier_timeout_s!r}")
-        # <<< generated
+        check.timeout("barrier_timeout_s", barrier_timeout_s, exc=EnvError)  # generated #47d7da7833
         self.managers = list(managers)
         self.barrier_timeout_s = barrier_timeout_s
 
@@ -88,10 +77,7 @@ class EnvGroup:
         """Run one batch: manager i plays seed i; returns when the slowest trajectory has ended."""
         # deps: LockstepBarrier.wait, EnvManager.run_trajectory
         # AST: AST_PRECONDITION(len(seeds) == len(self.managers), got=(len(seeds), len(self.managers)), msg="one seed per manager", exc=EnvError)
-        # >>> generated AST_PRECONDITION #3aee8c6736 (edit the annotation, not this block)
-        if not (len(seeds) == len(self.managers)):
-            raise EnvError(f"Pre-condition: one seed per manager, got {(len(seeds), len(self.managers))!r}")
-        # <<< generated
+        check.precondition(len(seeds) == len(self.managers), "one seed per manager", got_lazy=lambda: (len(seeds), len(self.managers)), exc=EnvError)  # generated #7e3e533522
         barrier = LockstepBarrier(len(self.managers), self.barrier_timeout_s)
         for manager in self.managers:
             manager.turn_barrier = barrier
@@ -118,15 +104,9 @@ async def run_redundant(
     """
     # deps: EnvManager.run_trajectory, EnvManager.cancel
     # VAL: VAL_INT_RANGE(target, min=1, max=len(managers), exc=EnvError)
-    # >>> generated VAL_INT_RANGE #447e126fcf (edit the annotation, not this block)
-    if isinstance(target, bool) or not isinstance(target, int) or not (1 <= target <= len(managers)):
-        raise EnvError(f"target must be an integer in [{ 1 }, { len(managers) }], got {target!r}")
-    # <<< generated
+    check.int_range("target", target, min=1, max=len(managers), exc=EnvError)  # generated #6231c613e9
     # AST: AST_PRECONDITION(len(seeds) == len(managers), got=(len(seeds), len(managers)), msg="one seed per manager", exc=EnvError)
-    # >>> generated AST_PRECONDITION #37c0671375 (edit the annotation, not this block)
-    if not (len(seeds) == len(managers)):
-        raise EnvError(f"Pre-condition: one seed per manager, got {(len(seeds), len(managers))!r}")
-    # <<< generated
+    check.precondition(len(seeds) == len(managers), "one seed per manager", got_lazy=lambda: (len(seeds), len(managers)), exc=EnvError)  # generated #896ab423d3
     tasks = [asyncio.ensure_future(m.run_trajectory(seed=s, group_id=group_id)) for m, s in zip(managers, seeds)]
     finished: list[Trajectory] = []
     try:

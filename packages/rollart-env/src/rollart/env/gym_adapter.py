@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from rollart.env import checks as check
 from rollart.env.errors import EnvError
 from rollart.env.protocols import ResetResult, StepResult
 
@@ -43,10 +44,7 @@ class GymTextEnv:
     ) -> None:
         """`render(obs, gym_env) -> str`, `parse_action(text) -> action or None`."""
         # VAL: VAL_NON_EMPTY(name, exc=EnvError)
-        # >>> generated VAL_NON_EMPTY #3db273e5b8 (edit the annotation, not this block)
-        if len(name) == 0:
-            raise EnvError(f"name must not be empty, got {name!r}")
-        # <<< generated
+        check.non_empty("name", name, exc=EnvError)  # generated #2b3c116a0c
         self.make_env = make_env
         self.render = render
         self.parse_action = parse_action
@@ -70,10 +68,7 @@ class GymTextEnv:
     async def step(self, action: str) -> StepResult:
         """Parse the text; an invalid action costs `invalid_action_penalty` and repeats the observation."""
         # AST: AST_PRECONDITION(self._gym is not None, got=self._gym, msg="reset before step", exc=EnvError)
-        # >>> generated AST_PRECONDITION #a8d8c9592e (edit the annotation, not this block)
-        if not (self._gym is not None):
-            raise EnvError(f"Pre-condition: reset before step, got {self._gym!r}")
-        # <<< generated
+        check.precondition(self._gym is not None, "reset before step", got=self._gym, exc=EnvError)  # generated #25fc9e32b4
         parsed = self.parse_action(action)
         if parsed is None:
             return StepResult(

@@ -13,6 +13,7 @@ import asyncio
 import threading
 from typing import Any
 
+from rollart.env import checks as check
 from rollart.env.errors import EnvError
 from rollart.env.protocols import GenerationRequest, GenerationResult
 
@@ -23,10 +24,7 @@ class TransformersLLMClient:
     def __init__(self, model: Any, eos_token_id: int | None, pad_token_id: int = 0, weight_version: int = 0) -> None:
         """Wrap a `transformers` causal LM (already on its device, in eval mode)."""
         # VAL: VAL_INT_RANGE(weight_version, min=0, max=2**62, exc=EnvError)
-        # >>> generated VAL_INT_RANGE #e50acbcc2c (edit the annotation, not this block)
-        if isinstance(weight_version, bool) or not isinstance(weight_version, int) or not (0 <= weight_version <= 2 ** 62):
-            raise EnvError(f"weight_version must be an integer in [{ 0 }, { 2 ** 62 }], got {weight_version!r}")
-        # <<< generated
+        check.int_range("weight_version", weight_version, min=0, max=2**62, exc=EnvError)  # generated #6283854864
         self.model = model
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
@@ -41,10 +39,7 @@ class TransformersLLMClient:
     def generate_sync(self, request: GenerationRequest) -> GenerationResult:
         """The blocking generation: sample, then read the log-prob of each chosen token."""
         # VAL: VAL_NON_EMPTY(request.prompt_ids, exc=EnvError)
-        # >>> generated VAL_NON_EMPTY #72db0279fb (edit the annotation, not this block)
-        if len(request.prompt_ids) == 0:
-            raise EnvError(f"request.prompt_ids must not be empty, got {request.prompt_ids!r}")
-        # <<< generated
+        check.non_empty("request.prompt_ids", request.prompt_ids, exc=EnvError)  # generated #ffab11f8f7
         import torch
 
         sampling = request.sampling

@@ -10,6 +10,7 @@ history drifts (merges across turn boundaries) and silently corrupts log-prob ra
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import random
 import uuid
@@ -17,7 +18,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Protocol, TypeVar
 
-from rollart.env.errors import EnvCrashedError, EnvError, EnvTimeoutError, LLMCallError
+from rollart.env import checks as check
+from rollart.env.errors import EnvCrashedError, EnvError, EnvProtocolError, EnvTimeoutError, LLMCallError
 from rollart.env.protocols import (
     FINISH_REASONS,
     Env,
@@ -27,6 +29,7 @@ from rollart.env.protocols import (
     PromptBuilder,
     SamplingParams,
     TrajectorySink,
+    protocol_problems,
 )
 from rollart.env.retry import RetryPolicy, call_with_retries
 from rollart.env.trajectory import ALLOWED_TRANSITIONS, Trajectory, TrajectoryStatus, Turn
@@ -74,35 +77,17 @@ class EnvManagerConfig:
 
     def __post_init__(self) -> None:
         # VAL: VAL_INT_RANGE(self.max_turns, min=1, max=10_000, exc=EnvError)
-        # >>> generated VAL_INT_RANGE #0e8d5089cf (edit the annotation, not this block)
-        if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int) or not (1 <= self.max_turns <= 10000):
-            raise EnvError(f"self.max_turns must be an integer in [{ 1 }, { 10000 }], got {self.max_turns!r}")
-        # <<< generated
+        check.int_range("max_turns", self.max_turns, min=1, max=10_000, exc=EnvError)  # generated #b2fe1d33e0
         # VAL: VAL_INT_RANGE(self.max_tokens_per_turn, min=1, max=1_000_000, exc=EnvError)
-        # >>> generated VAL_INT_RANGE #7bb5088dcc (edit the annotation, not this block)
-        if isinstance(self.max_tokens_per_turn, bool) or not isinstance(self.max_tokens_per_turn, int) or not (1 <= self.max_tokens_per_turn <= 1000000):
-            raise EnvError(f"self.max_tokens_per_turn must be an integer in [{ 1 }, { 1000000 }], got {self.max_tokens_per_turn!r}")
-        # <<< generated
+        check.int_range("max_tokens_per_turn", self.max_tokens_per_turn, min=1, max=1_000_000, exc=EnvError)  # generated #c3502e3839
         # VAL: VAL_INT_RANGE(self.max_total_tokens, min=1, max=100_000_000, exc=EnvError)
-        # >>> generated VAL_INT_RANGE #1e2b936a8c (edit the annotation, not this block)
-        if isinstance(self.max_total_tokens, bool) or not isinstance(self.max_total_tokens, int) or not (1 <= self.max_total_tokens <= 100000000):
-            raise EnvError(f"self.max_total_tokens must be an integer in [{ 1 }, { 100000000 }], got {self.max_total_tokens!r}")
-        # <<< generated
+        check.int_range("max_total_tokens", self.max_total_tokens, min=1, max=100_000_000, exc=EnvError)  # generated #37d2383b05
         # VAL: VAL_INT_RANGE(self.max_context_tokens, min=1, max=100_000_000, exc=EnvError)
-        # >>> generated VAL_INT_RANGE #e15fe7b1a1 (edit the annotation, not this block)
-        if isinstance(self.max_context_tokens, bool) or not isinstance(self.max_context_tokens, int) or not (1 <= self.max_context_tokens <= 100000000):
-            raise EnvError(f"self.max_context_tokens must be an integer in [{ 1 }, { 100000000 }], got {self.max_context_tokens!r}")
-        # <<< generated
+        check.int_range("max_context_tokens", self.max_context_tokens, min=1, max=100_000_000, exc=EnvError)  # generated #6e4ee26301
         # VAL: VAL_TIMEOUT(self.close_timeout_s, exc=EnvError)
-        # >>> generated VAL_TIMEOUT #742f3ceffe (edit the annotation, not this block)
-        if isinstance(self.close_timeout_s, bool) or not isinstance(self.close_timeout_s, (int, float)) or not (self.close_timeout_s - self.close_timeout_s == 0) or not self.close_timeout_s > 0:
-            raise EnvError(f"self.close_timeout_s must be a finite timeout > 0 seconds, got {self.close_timeout_s!r}")
-        # <<< generated
+        check.timeout("close_timeout_s", self.close_timeout_s, exc=EnvError)  # generated #af3d5485f4
         # VAL: VAL_INT_RANGE(self.max_restarts, min=0, max=100, exc=EnvError)
-        # >>> generated VAL_INT_RANGE #85875262a4 (edit the annotation, not this block)
-        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or not (0 <= self.max_restarts <= 100):
-            raise EnvError(f"self.max_restarts must be an integer in [{ 0 }, { 100 }], got {self.max_restarts!r}")
-        # <<< generated
+        check.int_range("max_restarts", self.max_restarts, min=0, max=100, exc=EnvError)  # generated #66153d8d2b
         pass
 
 
@@ -141,12 +126,27 @@ class EnvManager:
         name: str = "env-0",
         tag: str = "default",
     ) -> None:
-        """Create the manager; the environment itself is created lazily (and re-created after a crash)."""
+        """Create the manager and check its parts against their protocols, so a sync `step` or a
+        missing prompt method fails here with EnvProtocolError instead of failing every trajectory.
+
+        When `env_factory` is a class its methods are checked; otherwise it is called once now and
+        that environment serves the first trajectory (a factory that raises is left to run time,
+        where it counts as an env crash as before). Later environments are re-created lazily.
+        """
         # VAL: VAL_NON_EMPTY(name, exc=EnvError)
-        # >>> generated VAL_NON_EMPTY #3db273e5b8 (edit the annotation, not this block)
-        if len(name) == 0:
-            raise EnvError(f"name must not be empty, got {name!r}")
-        # <<< generated
+        check.non_empty("name", name, exc=EnvError)  # generated #2b3c116a0c
+        first_env = None
+        if not inspect.isclass(env_factory):
+            try:
+                first_env = env_factory()
+            except Exception:  # noqa: BLE001 - a failing factory is an env crash, reported per trajectory
+                log.warning("env factory of %s failed at construction; it is retried per trajectory", name, exc_info=True)
+        env_probe = env_factory if inspect.isclass(env_factory) else first_env
+        problems = [*(protocol_problems(env_probe, Env) if env_probe is not None else []),
+                    *protocol_problems(prompts, PromptBuilder), *protocol_problems(llm, LLMClient),
+                    *protocol_problems(sink, TrajectorySink)]
+        # AST: AST_PRECONDITION(not problems, got=problems, msg="the parts of an EnvManager follow their protocols", exc=EnvProtocolError)
+        check.precondition(not problems, "the parts of an EnvManager follow their protocols", got=problems, exc=EnvProtocolError)  # generated #739851214b
         self.env_factory = env_factory
         self.llm = llm
         self.prompts = prompts
@@ -157,7 +157,7 @@ class EnvManager:
         self.counters = EnvCounters()
         self.turn_barrier: TurnBarrier | None = None
         self._rng = random.Random(self.config.seed)
-        self._env: Env | None = None
+        self._env: Env | None = first_env
         self._env_needs_restart = False
         self._current: Trajectory | None = None
         self._task: asyncio.Task | None = None
@@ -175,10 +175,7 @@ class EnvManager:
         reason `cancelled:<reason>` and still goes to the sink, so nothing is silently lost.
         """
         # VAL: VAL_NON_EMPTY(reason, exc=EnvError)
-        # >>> generated VAL_NON_EMPTY #7b7ba66f1b (edit the annotation, not this block)
-        if len(reason) == 0:
-            raise EnvError(f"reason must not be empty, got {reason!r}")
-        # <<< generated
+        check.non_empty("reason", reason, exc=EnvError)  # generated #d9a51ecd74
         if self._current is None or self._task is None or self._current.ended or self._cancel_reason is not None:
             return False
         self._cancel_reason = reason
@@ -192,10 +189,7 @@ class EnvManager:
         """
         # deps: EnvManager._rollout, EnvManager._end
         # AST: AST_PRECONDITION(self._current is None, got=self._current, msg="one trajectory at a time per manager", exc=EnvError)
-        # >>> generated AST_PRECONDITION #66dd2cfa1d (edit the annotation, not this block)
-        if not (self._current is None):
-            raise EnvError(f"Pre-condition: one trajectory at a time per manager, got {self._current!r}")
-        # <<< generated
+        check.precondition(self._current is None, "one trajectory at a time per manager", got=self._current, exc=EnvError)  # generated #8f6bcb3ec5
         loop = asyncio.get_running_loop()
         traj = Trajectory(
             id=f"{self.name}-{uuid.uuid4().hex[:12]}", group_id=group_id, env_name=self.name, tag=self.tag, seed=seed
@@ -254,10 +248,7 @@ class EnvManager:
         (at least `base_delay_s`, so even a zero-time crash loop lets virtual time advance).
         """
         # VAL: VAL_INT_RANGE(consecutive_failures, min=0, max=2**31, exc=EnvError)
-        # >>> generated VAL_INT_RANGE #60077f46bd (edit the annotation, not this block)
-        if isinstance(consecutive_failures, bool) or not isinstance(consecutive_failures, int) or not (0 <= consecutive_failures <= 2 ** 31):
-            raise EnvError(f"consecutive_failures must be an integer in [{ 0 }, { 2 ** 31 }], got {consecutive_failures!r}")
-        # <<< generated
+        check.int_range("consecutive_failures", consecutive_failures, min=0, max=2**31, exc=EnvError)  # generated #8e82f3b94b
         if consecutive_failures == 0:
             return 0.0
         policy = self.config.reset_policy
@@ -331,10 +322,7 @@ class EnvManager:
 
     def _end(self, traj: Trajectory, status: TrajectoryStatus, reason: str) -> None:
         # VAL: VAL_STATE_TRANSITION(traj.status, status, ALLOWED_TRANSITIONS, exc=EnvError)
-        # >>> generated VAL_STATE_TRANSITION #8b29c77586 (edit the annotation, not this block)
-        if status not in ALLOWED_TRANSITIONS.get(traj.status, ()):
-            raise EnvError(f"illegal transition of traj.status: {traj.status!r} -> {status!r}; allowed from {traj.status!r}: {sorted(ALLOWED_TRANSITIONS.get(traj.status, ()), key=repr)!r}")
-        # <<< generated
+        check.transition("traj.status", traj.status, status, ALLOWED_TRANSITIONS, exc=EnvError)  # generated #04b9d10484
         traj.status = status
         traj.reason = reason
         traj.t_end = asyncio.get_running_loop().time()
@@ -361,20 +349,11 @@ class EnvManager:
         except Exception as exc:
             raise LLMCallError(f"generate failed: {exc!r}") from exc
         # VAL: VAL_ONE_OF(result.finish_reason, choices=FINISH_REASONS, exc=LLMCallError)
-        # >>> generated VAL_ONE_OF #8d81eced69 (edit the annotation, not this block)
-        if result.finish_reason not in FINISH_REASONS:
-            raise LLMCallError(f"result.finish_reason must be one of {sorted(FINISH_REASONS, key=repr)!r}, got {result.finish_reason!r}")
-        # <<< generated
+        check.one_of("result.finish_reason", result.finish_reason, FINISH_REASONS, exc=LLMCallError)  # generated #ae2c855cf2
         # AST: AST_POSTCONDITION(len(result.logprobs) == len(result.token_ids), got=(len(result.token_ids), len(result.logprobs)), msg="one log-prob per generated token", exc=LLMCallError)
-        # >>> generated AST_POSTCONDITION #f55c0771db (edit the annotation, not this block)
-        if not (len(result.logprobs) == len(result.token_ids)):
-            raise LLMCallError(f"Post-condition: one log-prob per generated token, got {(len(result.token_ids), len(result.logprobs))!r}")
-        # <<< generated
+        check.postcondition(len(result.logprobs) == len(result.token_ids), "one log-prob per generated token", got_lazy=lambda: (len(result.token_ids), len(result.logprobs)), exc=LLMCallError)  # generated #7c4a4c7fd2
         # AST: AST_POSTCONDITION(len(result.weight_versions) in (0, len(result.token_ids)), got=len(result.weight_versions), msg="one weight version per generated token", exc=LLMCallError)
-        # >>> generated AST_POSTCONDITION #75d9077eec (edit the annotation, not this block)
-        if not (len(result.weight_versions) in (0, len(result.token_ids))):
-            raise LLMCallError(f"Post-condition: one weight version per generated token, got {len(result.weight_versions)!r}")
-        # <<< generated
+        check.postcondition(len(result.weight_versions) in (0, len(result.token_ids)), "one weight version per generated token", got_lazy=lambda: len(result.weight_versions), exc=LLMCallError)  # generated #1e77539eb0
         return result
 
     async def _env_call(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rollart.env import checks as check
 from rollart.env.errors import EnvError
 
 _SENTINEL = "\u2063ROLLART_SENTINEL\u2063"
@@ -21,10 +22,7 @@ class ChatTemplatePromptBuilder:
     def __init__(self, tokenizer: Any, user_role: str = "user") -> None:
         """Wrap `tokenizer` (anything with `apply_chat_template`, `encode`, `decode`, `eos_token_id`)."""
         # VAL: VAL_NON_EMPTY(user_role, exc=EnvError)
-        # >>> generated VAL_NON_EMPTY #a82f897162 (edit the annotation, not this block)
-        if len(user_role) == 0:
-            raise EnvError(f"user_role must not be empty, got {user_role!r}")
-        # <<< generated
+        check.non_empty("user_role", user_role, exc=EnvError)  # generated #5276b11311
         self.tokenizer = tokenizer
         self.user_role = user_role
         self._eos_text = tokenizer.decode([tokenizer.eos_token_id]) if tokenizer.eos_token_id is not None else ""
@@ -50,10 +48,7 @@ class ChatTemplatePromptBuilder:
         ]
         full = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         # AST: AST_INVARIANT(_SENTINEL in full, got=full, msg="the chat template renders assistant content verbatim", exc=EnvError)
-        # >>> generated AST_INVARIANT #ff5312313f (edit the annotation, not this block)
-        if not (_SENTINEL in full):
-            raise EnvError(f"Invariant: the chat template renders assistant content verbatim, got {full!r}")
-        # <<< generated
+        check.invariant(_SENTINEL in full, "the chat template renders assistant content verbatim", got=full, exc=EnvError)  # generated #db74847733
         delta = full[full.index(_SENTINEL) + len(_SENTINEL) :]
         ended_with_eos = bool(previous_response_ids) and previous_response_ids[-1] == self.tokenizer.eos_token_id
         if ended_with_eos and self._eos_text and delta.startswith(self._eos_text):

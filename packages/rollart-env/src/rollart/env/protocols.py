@@ -7,9 +7,12 @@ to `TrajectorySink`, so both sides can be tested alone.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from rollart.env import checks as check
+from rollart.env.errors import EnvError
 from rollart.env.trajectory import Trajectory
 
 FINISH_REASONS = frozenset({"stop", "length", "abort"})
@@ -55,13 +58,22 @@ class Env(Protocol):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampling settings forwarded to the inference engine."""
+    """Sampling settings forwarded to the inference engine.
+
+    ``top_k == 0`` disables top-k, as in rollart.proxy's SamplingParams and transformers (vLLM's
+    -1 is the vLLM engine's business: it converts at its boundary).
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1
+    top_k: int = 0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        # VAL: VAL_INT_RANGE(self.top_k, min=0, max=1 << 31, exc=EnvError)
+        check.int_range("top_k", self.top_k, min=0, max=1 << 31, exc=EnvError)  # generated #08edbeb440
+        pass
 
 
 @dataclass(frozen=True)
@@ -108,3 +120,30 @@ class PromptBuilder(Protocol):
     def continuation_ids(self, previous_response_ids: list[int], observation: str) -> list[int]: ...
 
     def decode(self, token_ids: list[int]) -> str: ...
+
+
+def protocol_problems(obj: Any, protocol: type) -> list[str]:
+    """What `obj` (an instance, or a class when no instance exists yet) lacks of `protocol`.
+
+    Why not `isinstance(obj, protocol)`: a runtime-checkable Protocol only checks that the names
+    exist, so a `def step` where `async def step` is required passes and every trajectory then
+    fails at run time. This names each missing method, each plain function where a coroutine
+    function is required (and the reverse), and, for an instance, each missing attribute.
+    """
+    owner = obj.__name__ if inspect.isclass(obj) else type(obj).__name__
+    problems = []
+    for name, spec in vars(protocol).items():
+        if name.startswith("_") or not inspect.isfunction(spec):
+            continue
+        member = getattr(obj, name, None)
+        if member is None or not callable(member):
+            problems.append(f"{owner}.{name} is missing (the {protocol.__name__} protocol needs it)")
+        elif inspect.iscoroutinefunction(spec) and not inspect.iscoroutinefunction(member):
+            problems.append(f"{owner}.{name} must be `async def`, it is a plain function")
+        elif not inspect.iscoroutinefunction(spec) and inspect.iscoroutinefunction(member):
+            problems.append(f"{owner}.{name} must be a plain function, it is `async def`")
+    if not inspect.isclass(obj):
+        for name in getattr(protocol, "__annotations__", {}):
+            if not hasattr(obj, name):
+                problems.append(f"{owner}.{name} is missing (the {protocol.__name__} protocol needs it)")
+    return problems

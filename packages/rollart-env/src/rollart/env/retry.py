@@ -1,8 +1,10 @@
-"""Per-call deadlines and retries with exponential backoff and full jitter.
+"""Per-call deadlines and retries with exponential backoff and full jitter, on tenacity.
 
 Why full jitter: many EnvManagers hit the same remote environment service; synchronised retries
 would arrive in waves. Time comes from the running loop only (`asyncio.sleep`, `wait_for`), so
-the same code runs under the virtual clock.
+the same code runs under the virtual clock. The loop itself is tenacity's, as in the other
+packages (`rollart.resource.retry`, which rollart-env may not import: it imports no other
+rollart package); the policy, the pause formula and the seeded rng are the same kind.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+import tenacity
+
+from rollart.env import checks as check
 from rollart.env.errors import EnvError, EnvTimeoutError, TransientEnvError
 
 T = TypeVar("T")
@@ -31,35 +36,20 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         # VAL: VAL_TIMEOUT(self.timeout_s, exc=EnvError)
-        # >>> generated VAL_TIMEOUT #f7a6429e97 (edit the annotation, not this block)
-        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or not (self.timeout_s - self.timeout_s == 0) or not self.timeout_s > 0:
-            raise EnvError(f"self.timeout_s must be a finite timeout > 0 seconds, got {self.timeout_s!r}")
-        # <<< generated
+        check.timeout("timeout_s", self.timeout_s, exc=EnvError)  # generated #b23b8c2c22
         # VAL: VAL_INT_RANGE(self.max_attempts, min=1, max=100, exc=EnvError)
-        # >>> generated VAL_INT_RANGE #444ae39a26 (edit the annotation, not this block)
-        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or not (1 <= self.max_attempts <= 100):
-            raise EnvError(f"self.max_attempts must be an integer in [{ 1 }, { 100 }], got {self.max_attempts!r}")
-        # <<< generated
+        check.int_range("max_attempts", self.max_attempts, min=1, max=100, exc=EnvError)  # generated #3775eeaaaa
         # VAL: VAL_NON_NEGATIVE(self.base_delay_s, exc=EnvError)
-        # >>> generated VAL_NON_NEGATIVE #3af649b753 (edit the annotation, not this block)
-        if not self.base_delay_s >= 0:
-            raise EnvError(f"self.base_delay_s must be >= 0, got {self.base_delay_s!r}")
-        # <<< generated
+        check.non_negative("base_delay_s", self.base_delay_s, exc=EnvError)  # generated #986483e0fa
         # VAL: VAL_NON_NEGATIVE(self.max_delay_s, exc=EnvError)
-        # >>> generated VAL_NON_NEGATIVE #bd7ab34c65 (edit the annotation, not this block)
-        if not self.max_delay_s >= 0:
-            raise EnvError(f"self.max_delay_s must be >= 0, got {self.max_delay_s!r}")
-        # <<< generated
+        check.non_negative("max_delay_s", self.max_delay_s, exc=EnvError)  # generated #82095c78c0
         pass
 
 
 def backoff_delay(policy: RetryPolicy, attempt: int, rng: random.Random) -> float:
     """Delay before retry number `attempt` (1-based): uniform in [0, min(max, base * 2**(attempt-1))]."""
     # VAL: VAL_INT_RANGE(attempt, min=1, max=policy.max_attempts, exc=EnvError)
-    # >>> generated VAL_INT_RANGE #737fc29194 (edit the annotation, not this block)
-    if isinstance(attempt, bool) or not isinstance(attempt, int) or not (1 <= attempt <= policy.max_attempts):
-        raise EnvError(f"attempt must be an integer in [{ 1 }, { policy.max_attempts }], got {attempt!r}")
-    # <<< generated
+    check.int_range("attempt", attempt, min=1, max=policy.max_attempts, exc=EnvError)  # generated #a8496973ec
     cap = min(policy.max_delay_s, policy.base_delay_s * (2 ** (attempt - 1)))
     return rng.uniform(0.0, cap)
 
@@ -76,21 +66,30 @@ async def call_with_retries(
     A timeout becomes `EnvTimeoutError`; other exceptions propagate at once (a crash is not
     retried here: the caller restarts the environment). The last transient error propagates.
     """
-    # deps: asyncio.wait_for, backoff_delay
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            return await asyncio.wait_for(fn(), timeout=policy.timeout_s)
-        except TimeoutError as exc:
-            err: BaseException = EnvTimeoutError(f"call timed out after {policy.timeout_s} s (attempt {attempt})")
-            err.__cause__ = exc
-            retryable = retry_on_timeout
-        except TRANSIENT_ERRORS as exc:
-            err = exc
-            retryable = True
-        if not retryable or attempt >= policy.max_attempts:
-            raise err
-        if on_retry is not None:
-            on_retry(err)
-        await asyncio.sleep(backoff_delay(policy, attempt, rng))
+    # deps: asyncio.wait_for, backoff_delay, tenacity.AsyncRetrying
+    retry_on = (*TRANSIENT_ERRORS, _AttemptTimedOut) if retry_on_timeout else TRANSIENT_ERRORS
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        if on_retry is not None and state.outcome is not None:
+            on_retry(state.outcome.exception())
+
+    attempts = tenacity.AsyncRetrying(
+        stop=tenacity.stop_after_attempt(policy.max_attempts),
+        wait=lambda state: backoff_delay(policy, state.attempt_number, rng),
+        retry=tenacity.retry_if_exception_type(retry_on),
+        before_sleep=before_sleep,
+        reraise=True,  # the last error itself, not tenacity's RetryError
+        sleep=asyncio.sleep,
+    )
+    async for attempt in attempts:
+        with attempt:
+            try:
+                return await asyncio.wait_for(fn(), timeout=policy.timeout_s)
+            except TimeoutError as exc:
+                number = attempt.retry_state.attempt_number
+                raise _AttemptTimedOut(f"call timed out after {policy.timeout_s} s (attempt {number})") from exc
+    raise AssertionError("unreachable: the retry loop returns or raises")
+
+
+class _AttemptTimedOut(EnvTimeoutError):
+    """This attempt ran past the policy's per-call deadline (an EnvTimeoutError `fn` raises itself is not retried)."""

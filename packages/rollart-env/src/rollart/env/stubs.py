@@ -12,6 +12,7 @@ import asyncio
 import random
 from collections.abc import Callable, Sequence
 
+from rollart.env import checks as check
 from rollart.env.errors import EnvError, TransientEnvError
 from rollart.env.protocols import GenerationRequest, GenerationResult, ResetResult, StepResult
 from rollart.env.trajectory import Trajectory
@@ -36,10 +37,7 @@ class StubLLMClient:
     ) -> None:
         """Build the stub; `encode` turns the scripted text into token ids."""
         # VAL: VAL_INT_RANGE(weight_version, min=0, max=2**62, exc=EnvError)
-        # >>> generated VAL_INT_RANGE #e50acbcc2c (edit the annotation, not this block)
-        if isinstance(weight_version, bool) or not isinstance(weight_version, int) or not (0 <= weight_version <= 2 ** 62):
-            raise EnvError(f"weight_version must be an integer in [{ 0 }, { 2 ** 62 }], got {weight_version!r}")
-        # <<< generated
+        check.int_range("weight_version", weight_version, min=0, max=2**62, exc=EnvError)  # generated #6283854864
         self.encode = encode
         self.responses = responses
         self.latency_s = latency_s

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from rollart.proxy.errors import ProxyError
 from rollart.proxy.proxy import ACTIVE, OFFLOADED, LLMProxy, WorkerSlot
+from rollart.resource import checks as check
 from rollart.resource.ledger import Transition, TransitionVetoed
 
 
@@ -27,11 +28,7 @@ def ranks_for_devices(slots: Sequence[WorkerSlot], devices: Sequence[int]) -> li
     ranks = [s.rank for s in slots if s.devices and set(s.devices) <= transition_devices]
     devices_of_whole_workers = {d for r in ranks for d in slots[r].devices}
     # VAL: VAL_SUBSET(transition_devices, of=devices_of_whole_workers, exc=ProxyError)
-    # >>> generated VAL_SUBSET #81a7ab78a0 (edit the annotation, not this block)
-    _val_extra = [_val_item for _val_item in transition_devices if _val_item not in devices_of_whole_workers]
-    if _val_extra:
-        raise ProxyError(f"transition_devices must be a subset of {sorted(devices_of_whole_workers, key=repr)!r}; not allowed: {_val_extra!r}")
-    # <<< generated
+    check.subset("transition_devices", transition_devices, of=devices_of_whole_workers, exc=ProxyError)  # generated #2bbc47a7a8
     return ranks
 
 
@@ -59,11 +56,7 @@ class ProxyTransitionHook:
             else:
                 offloaded = [s.rank for s in self.proxy.slots if s.state == OFFLOADED]
                 # VAL: VAL_SUBSET(ranks, of=offloaded, exc=ProxyError)
-                # >>> generated VAL_SUBSET #832100f2aa (edit the annotation, not this block)
-                _val_extra = [_val_item for _val_item in ranks if _val_item not in offloaded]
-                if _val_extra:
-                    raise ProxyError(f"ranks must be a subset of {sorted(offloaded, key=repr)!r}; not allowed: {_val_extra!r}")
-                # <<< generated
+                check.subset("ranks", ranks, of=offloaded, exc=ProxyError)  # generated #3d299efd89
         except ProxyError as exc:
             raise TransitionVetoed(f"rollart.proxy: {exc}") from exc
 
@@ -88,7 +81,4 @@ class ProxyTransitionHook:
         if todo:
             await self.proxy.expand(todo)
         # AST: AST_POSTCONDITION(all(self.proxy.slots[r].state == ACTIVE for r in ranks), got=[self.proxy.slots[r].state for r in ranks], msg="an aborted shrink leaves its workers active")
-        # >>> generated AST_POSTCONDITION #b3becbca46 (edit the annotation, not this block)
-        if not (all((self.proxy.slots[r].state == ACTIVE for r in ranks))):
-            raise AssertionError(f"Post-condition: an aborted shrink leaves its workers active, got {[self.proxy.slots[r].state for r in ranks]!r}")
-        # <<< generated
+        check.postcondition(all(self.proxy.slots[r].state == ACTIVE for r in ranks), "an aborted shrink leaves its workers active", got_lazy=lambda: [self.proxy.slots[r].state for r in ranks])  # generated #675cb697cf

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rollart.proxy.errors import ProxyError
+from rollart.resource import checks as check
 
 if TYPE_CHECKING:
     import torch
@@ -81,10 +82,7 @@ class PrefixKVCache:
     def lookup(self, context: Sequence[int], max_len: int) -> PrefixHit | None:
         """The longest common prefix of ``context`` with any entry, at most ``max_len`` tokens; marks it used."""
         # VAL: VAL_NON_NEGATIVE(max_len, exc=ProxyError)
-        # >>> generated VAL_NON_NEGATIVE #406494e48a (edit the annotation, not this block)
-        if not max_len >= 0:
-            raise ProxyError(f"max_len must be >= 0, got {max_len!r}")
-        # <<< generated
+        check.non_negative("max_len", max_len, exc=ProxyError)  # generated #f3be3b46cd
         node, depth = self._root, 0
         for token in context[:max_len]:
             child = node.children.get(token)
@@ -100,10 +98,7 @@ class PrefixKVCache:
     def insert(self, tokens: tuple[int, ...], kv: KV, capacity: int) -> bool:
         """Keep ``kv`` under ``tokens``, dropping entries it extends and LRU ones until all fit in ``capacity``."""
         # AST: AST_PRECONDITION(all(k.shape[2] == len(tokens) for k, _ in kv), got=len(tokens), msg="one cached column per token")
-        # >>> generated AST_PRECONDITION #7007f8aca3 (edit the annotation, not this block)
-        if not (all((k.shape[2] == len(tokens) for k, _ in kv))):
-            raise AssertionError(f"Pre-condition: one cached column per token, got {len(tokens)!r}")
-        # <<< generated
+        check.precondition(all(k.shape[2] == len(tokens) for k, _ in kv), "one cached column per token", got_lazy=lambda: len(tokens))  # generated #985b739b8f
         if not tokens or len(tokens) > capacity:
             return False
         if tokens in self._entries:

@@ -39,6 +39,7 @@ from rollart.proxy.types import (
 )
 from rollart.proxy.weight_identity import same_payload, weights_digest
 from rollart.proxy.worker import WorkerHandle
+from rollart.resource import checks as check
 
 if TYPE_CHECKING:
     import torch
@@ -154,47 +155,21 @@ def validate_request(request: GenerateRequest, router: RoutingPolicy) -> None:
     """Reject bad input before it reaches a worker, naming the field, the value and what is allowed."""
     params = request.params
     # VAL: VAL_NON_EMPTY(request.prompt_ids, exc=ProxyError)
-    # >>> generated VAL_NON_EMPTY #5cff009abe (edit the annotation, not this block)
-    if len(request.prompt_ids) == 0:
-        raise ProxyError(f"request.prompt_ids must not be empty, got {request.prompt_ids!r}")
-    # <<< generated
+    check.non_empty("request.prompt_ids", request.prompt_ids, exc=ProxyError)  # generated #1d2562ad28
     # VAL: VAL_INT_RANGE(request.prompt_ids, min=0, max=1 << 31, each=True, exc=ProxyError)
-    # >>> generated VAL_INT_RANGE #10405aa6ef (edit the annotation, not this block)
-    for _val_item in request.prompt_ids:
-        if isinstance(_val_item, bool) or not isinstance(_val_item, int) or not (0 <= _val_item <= 1 << 31):
-            raise ProxyError(f"request.prompt_ids must contain only integers in [{ 0 }, { 1 << 31 }], got {_val_item!r} in {request.prompt_ids!r}")
-    # <<< generated
+    check.int_range_each("request.prompt_ids", request.prompt_ids, min=0, max=1 << 31, exc=ProxyError)  # generated #a586c0b2b6
     # VAL: VAL_INT_RANGE(params.max_tokens, min=1, max=1 << 20, exc=ProxyError)
-    # >>> generated VAL_INT_RANGE #47fce18192 (edit the annotation, not this block)
-    if isinstance(params.max_tokens, bool) or not isinstance(params.max_tokens, int) or not (1 <= params.max_tokens <= 1 << 20):
-        raise ProxyError(f"params.max_tokens must be an integer in [{ 1 }, { 1 << 20 }], got {params.max_tokens!r}")
-    # <<< generated
+    check.int_range("params.max_tokens", params.max_tokens, min=1, max=1 << 20, exc=ProxyError)  # generated #ddd0538e77
     # VAL: VAL_NON_NEGATIVE(params.temperature, exc=ProxyError)
-    # >>> generated VAL_NON_NEGATIVE #406c18bab2 (edit the annotation, not this block)
-    if not params.temperature >= 0:
-        raise ProxyError(f"params.temperature must be >= 0, got {params.temperature!r}")
-    # <<< generated
+    check.non_negative("params.temperature", params.temperature, exc=ProxyError)  # generated #3ec12291f9
     # VAL: VAL_POSITIVE(params.top_p, exc=ProxyError)
-    # >>> generated VAL_POSITIVE #7b4b336f03 (edit the annotation, not this block)
-    if not params.top_p > 0:
-        raise ProxyError(f"params.top_p must be > 0, got {params.top_p!r}")
-    # <<< generated
+    check.positive("params.top_p", params.top_p, exc=ProxyError)  # generated #1681d97df7
     # VAL: VAL_INT_RANGE(params.top_k, min=0, max=1 << 31, exc=ProxyError)
-    # >>> generated VAL_INT_RANGE #1c89e8b547 (edit the annotation, not this block)
-    if isinstance(params.top_k, bool) or not isinstance(params.top_k, int) or not (0 <= params.top_k <= 1 << 31):
-        raise ProxyError(f"params.top_k must be an integer in [{ 0 }, { 1 << 31 }], got {params.top_k!r}")
-    # <<< generated
+    check.int_range("params.top_k", params.top_k, min=0, max=1 << 31, exc=ProxyError)  # generated #9e81414139
     # VAL: VAL_INT_RANGE(params.stop_token_ids, min=0, max=1 << 31, each=True, exc=ProxyError)
-    # >>> generated VAL_INT_RANGE #b44e680ff4 (edit the annotation, not this block)
-    for _val_item in params.stop_token_ids:
-        if isinstance(_val_item, bool) or not isinstance(_val_item, int) or not (0 <= _val_item <= 1 << 31):
-            raise ProxyError(f"params.stop_token_ids must contain only integers in [{ 0 }, { 1 << 31 }], got {_val_item!r} in {params.stop_token_ids!r}")
-    # <<< generated
+    check.int_range_each("params.stop_token_ids", params.stop_token_ids, min=0, max=1 << 31, exc=ProxyError)  # generated #cdcb5553fc
     # AST: AST_PRECONDITION(params.top_p <= 1.0, got=params.top_p, msg="params.top_p <= 1", exc=ProxyError)
-    # >>> generated AST_PRECONDITION #e4550231d2 (edit the annotation, not this block)
-    if not (params.top_p <= 1.0):
-        raise ProxyError(f"Pre-condition: params.top_p <= 1, got {params.top_p!r}")
-    # <<< generated
+    check.precondition(params.top_p <= 1.0, "params.top_p <= 1", got=params.top_p, exc=ProxyError)  # generated #242ac042f4
     if isinstance(router, AffinityRouter):
         router.hardware_for(request.tag)  # raises on an unknown tag without a default
 
@@ -228,58 +203,26 @@ class LLMProxy:
         the active workers, each probe bounded by ``health_check_timeout_s``.
         """
         # VAL: VAL_NON_EMPTY(workers, exc=ProxyError)
-        # >>> generated VAL_NON_EMPTY #ca7efd8fba (edit the annotation, not this block)
-        if len(workers) == 0:
-            raise ProxyError(f"workers must not be empty, got {workers!r}")
-        # <<< generated
-        # VAL: VAL_UNIQUE([w.worker_id for w in workers], exc=ProxyError)
-        # >>> generated VAL_UNIQUE #ad29acb7a7 (edit the annotation, not this block)
-        _val_seen: set = set()
-        _val_dups = [_val_item for _val_item in [w.worker_id for w in workers] if _val_item in _val_seen or _val_seen.add(_val_item)]
-        if _val_dups:
-            raise ProxyError(f"[w.worker_id for w in workers] must have unique elements, duplicates {_val_dups!r} in {[w.worker_id for w in workers]!r}")
-        # <<< generated
+        check.non_empty("workers", workers, exc=ProxyError)  # generated #e7f9a85c95
+        # VAL: VAL_UNIQUE([w.worker_id for w in workers], name="worker_id of workers", exc=ProxyError)
+        check.unique("worker_id of workers", [w.worker_id for w in workers], exc=ProxyError)  # generated #92d00b353c
         # VAL: VAL_INT_RANGE(max_inflight_per_worker, min=1, max=1 << 20, exc=ProxyError)
-        # >>> generated VAL_INT_RANGE #1f117162b0 (edit the annotation, not this block)
-        if isinstance(max_inflight_per_worker, bool) or not isinstance(max_inflight_per_worker, int) or not (1 <= max_inflight_per_worker <= 1 << 20):
-            raise ProxyError(f"max_inflight_per_worker must be an integer in [{ 1 }, { 1 << 20 }], got {max_inflight_per_worker!r}")
-        # <<< generated
+        check.int_range("max_inflight_per_worker", max_inflight_per_worker, min=1, max=1 << 20, exc=ProxyError)  # generated #01201aac44
         # VAL: VAL_TIMEOUT(request_timeout_s, exc=ProxyError)
-        # >>> generated VAL_TIMEOUT #105e7fb44f (edit the annotation, not this block)
-        if isinstance(request_timeout_s, bool) or not isinstance(request_timeout_s, (int, float)) or not (request_timeout_s - request_timeout_s == 0) or not request_timeout_s > 0:
-            raise ProxyError(f"request_timeout_s must be a finite timeout > 0 seconds, got {request_timeout_s!r}")
-        # <<< generated
+        check.timeout("request_timeout_s", request_timeout_s, exc=ProxyError)  # generated #3e2edac7a9
         # VAL: VAL_INT_RANGE(max_restarts, min=0, max=100, exc=ProxyError)
-        # >>> generated VAL_INT_RANGE #610a4ca1ee (edit the annotation, not this block)
-        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or not (0 <= max_restarts <= 100):
-            raise ProxyError(f"max_restarts must be an integer in [{ 0 }, { 100 }], got {max_restarts!r}")
-        # <<< generated
+        check.int_range("max_restarts", max_restarts, min=0, max=100, exc=ProxyError)  # generated #b77da567c2
         # VAL: VAL_TIMEOUT(restart_window_s, exc=ProxyError)
-        # >>> generated VAL_TIMEOUT #14575988b3 (edit the annotation, not this block)
-        if isinstance(restart_window_s, bool) or not isinstance(restart_window_s, (int, float)) or not (restart_window_s - restart_window_s == 0) or not restart_window_s > 0:
-            raise ProxyError(f"restart_window_s must be a finite timeout > 0 seconds, got {restart_window_s!r}")
-        # <<< generated
+        check.timeout("restart_window_s", restart_window_s, exc=ProxyError)  # generated #5f7a5d1b5e
         # VAL: VAL_NON_NEGATIVE(restart_backoff_s, exc=ProxyError)
-        # >>> generated VAL_NON_NEGATIVE #d503648f5b (edit the annotation, not this block)
-        if not restart_backoff_s >= 0:
-            raise ProxyError(f"restart_backoff_s must be >= 0, got {restart_backoff_s!r}")
-        # <<< generated
+        check.non_negative("restart_backoff_s", restart_backoff_s, exc=ProxyError)  # generated #9d60a0e2bd
         # VAL: VAL_NON_NEGATIVE(restart_backoff_max_s, exc=ProxyError)
-        # >>> generated VAL_NON_NEGATIVE #d72dbae9f5 (edit the annotation, not this block)
-        if not restart_backoff_max_s >= 0:
-            raise ProxyError(f"restart_backoff_max_s must be >= 0, got {restart_backoff_max_s!r}")
-        # <<< generated
+        check.non_negative("restart_backoff_max_s", restart_backoff_max_s, exc=ProxyError)  # generated #1070eb14ed
         # VAL: VAL_TIMEOUT(health_check_timeout_s, exc=ProxyError)
-        # >>> generated VAL_TIMEOUT #0771aadbca (edit the annotation, not this block)
-        if isinstance(health_check_timeout_s, bool) or not isinstance(health_check_timeout_s, (int, float)) or not (health_check_timeout_s - health_check_timeout_s == 0) or not health_check_timeout_s > 0:
-            raise ProxyError(f"health_check_timeout_s must be a finite timeout > 0 seconds, got {health_check_timeout_s!r}")
-        # <<< generated
+        check.timeout("health_check_timeout_s", health_check_timeout_s, exc=ProxyError)  # generated #00b5882b1a
         if health_check_interval_s is not None:
             # VAL: VAL_TIMEOUT(health_check_interval_s, exc=ProxyError)
-            # >>> generated VAL_TIMEOUT #3d2829e118 (edit the annotation, not this block)
-            if isinstance(health_check_interval_s, bool) or not isinstance(health_check_interval_s, (int, float)) or not (health_check_interval_s - health_check_interval_s == 0) or not health_check_interval_s > 0:
-                raise ProxyError(f"health_check_interval_s must be a finite timeout > 0 seconds, got {health_check_interval_s!r}")
-            # <<< generated
+            check.timeout("health_check_interval_s", health_check_interval_s, exc=ProxyError)  # generated #1504daa75e
         self._slots = [WorkerSlot(rank, handle, version=version) for rank, handle in enumerate(workers)]
         self._router: RoutingPolicy = router if router is not None else AffinityRouter(affinity)
         self._capacity = max_inflight_per_worker
@@ -338,6 +281,7 @@ class LLMProxy:
         return len(self._tracks)
 
     def _emit(self, kind: str, **data: Any) -> None:
+        logger.debug("%s %s", kind, data)
         if self._on_event is not None:
             self._on_event(kind, data)
 
@@ -355,16 +299,10 @@ class LLMProxy:
         validate_request(request, self._router)
         timeout = self._timeout if timeout_s is None else timeout_s
         # VAL: VAL_TIMEOUT(timeout, exc=ProxyError)
-        # >>> generated VAL_TIMEOUT #b108099f70 (edit the annotation, not this block)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
-            raise ProxyError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
-        # <<< generated
+        check.timeout("timeout", timeout, exc=ProxyError)  # generated #4f5b036b6f
         request_id = request.request_id or f"req-{next(self._ids)}"
         # AST: AST_PRECONDITION(request_id not in self._tracks, got=request_id, msg="request id not in flight", exc=ProxyError)
-        # >>> generated AST_PRECONDITION #c0961a7e7b (edit the annotation, not this block)
-        if not (request_id not in self._tracks):
-            raise ProxyError(f"Pre-condition: request id not in flight, got {request_id!r}")
-        # <<< generated
+        check.precondition(request_id not in self._tracks, "request id not in flight", got=request_id, exc=ProxyError)  # generated #bcb6e8acff
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         ereq = EngineRequest(request_id, tuple(request.prompt_ids), request.params, request.trajectory_id)
@@ -407,10 +345,7 @@ class LLMProxy:
             # handed back: keep every generated token and continue elsewhere
             kept = len(output.token_ids) - len(track.engine_request.generated_ids)
             # AST: AST_INVARIANT(kept >= 0, got=(output.token_ids, track.engine_request.generated_ids), msg="a hand-back never loses tokens")
-            # >>> generated AST_INVARIANT #0ea5c90e60 (edit the annotation, not this block)
-            if not (kept >= 0):
-                raise AssertionError(f"Invariant: a hand-back never loses tokens, got {(output.token_ids, track.engine_request.generated_ids)!r}")
-            # <<< generated
+            check.invariant(kept >= 0, "a hand-back never loses tokens", got=(output.token_ids, track.engine_request.generated_ids))  # generated #73d346c035
             track.engine_request = output.resume_request(track.engine_request)
             self.counters["migrated"] += 1
             self._emit("handed_back", request_id=output.request_id, reason=output.finish_reason,
@@ -465,10 +400,7 @@ class LLMProxy:
             if rank is not None:
                 slot = self._slots[rank]
                 # AST: AST_INVARIANT(slot.state == ACTIVE, got=(rank, slot.state), msg="route only to active workers")
-                # >>> generated AST_INVARIANT #8d8c26a8f1 (edit the annotation, not this block)
-                if not (slot.state == ACTIVE):
-                    raise AssertionError(f"Invariant: route only to active workers, got {(rank, slot.state)!r}")
-                # <<< generated
+                check.invariant(slot.state == ACTIVE, "route only to active workers", got=(rank, slot.state))  # generated #e3b13c04ec
                 req = track.engine_request
                 slot.inflight[req.request_id] = len(req.context_ids) + req.remaining_tokens
                 track.slot = slot
@@ -506,18 +438,15 @@ class LLMProxy:
     async def _abort_on(self, slot: WorkerSlot, request_id: str) -> None:
         try:
             await slot.handle.abort(request_id)
-        except Exception:  # the worker may be gone; the request is answered by its coroutine anyway
-            pass
+        except Exception as exc:  # the worker may be gone; the request is answered by its coroutine anyway
+            logger.debug("abort of %s on worker %d failed: %r", request_id, slot.rank, exc)
 
     # ---- control --------------------------------------------------------------------------------
 
     async def abort(self, trajectory_id: str, reason: str = "aborted by client") -> int:
         """Abort every in-flight request of a trajectory; each answers ``abort`` with ``reason``."""
         # VAL: VAL_NON_EMPTY(trajectory_id, exc=ProxyError)
-        # >>> generated VAL_NON_EMPTY #6739ae85f8 (edit the annotation, not this block)
-        if len(trajectory_id) == 0:
-            raise ProxyError(f"trajectory_id must not be empty, got {trajectory_id!r}")
-        # <<< generated
+        check.non_empty("trajectory_id", trajectory_id, exc=ProxyError)  # generated #a2c56ebaf0
         tracks = [t for t in self._tracks.values() if t.request.trajectory_id == trajectory_id]
         for track in tracks:
             track.abort_reason = reason
@@ -553,18 +482,12 @@ class LLMProxy:
         different weights under it raise ProxyError (a version names one set of weights).
         """
         # VAL: VAL_VERSION_MONOTONIC(version, self._version, strict=False, exc=ProxyError)
-        # >>> generated VAL_VERSION_MONOTONIC #d00afba5e3 (edit the annotation, not this block)
-        if self._version is not None and not version >= self._version:
-            raise ProxyError(f"version must be >= self._version (versions never go backwards), got {version!r} with current {self._version!r}")
-        # <<< generated
+        check.version_monotonic("version", version, self._version, strict=False, exc=ProxyError)  # generated #446e2b7c63
         weights = await source.fetch(version) if hasattr(source, "fetch") else source
         # A version names one set of weights: its tokens are tagged with it. Before any push the
         # construction version's weights are unknown here, and the workers (which hold them) decide.
         # AST: AST_PRECONDITION(version != self._version or self._latest_digest is None or same_payload(self._latest_digest, weights), got=version, msg="a version already pushed is re-sent only with the weights pushed under it (publish changed weights under a new version)", exc=ProxyError)
-        # >>> generated AST_PRECONDITION #8747652b6d (edit the annotation, not this block)
-        if not (version != self._version or self._latest_digest is None or same_payload(self._latest_digest, weights)):
-            raise ProxyError(f"Pre-condition: a version already pushed is re-sent only with the weights pushed under it (publish changed weights under a new version), got {version!r}")
-        # <<< generated
+        check.precondition(version != self._version or self._latest_digest is None or same_payload(self._latest_digest, weights), "a version already pushed is re-sent only with the weights pushed under it (publish changed weights under a new version)", got=version, exc=ProxyError)  # generated #6719edbd59
         if version == self._version and self._latest_digest is not None:
             return  # an identical re-send: every active worker serves these weights already
         digest = weights_digest(weights)
@@ -583,10 +506,7 @@ class LLMProxy:
         async with self._control:
             if ranks is None:
                 # VAL: VAL_INT_RANGE(count, min=1, max=len(self._slots), exc=ProxyError)
-                # >>> generated VAL_INT_RANGE #1edb59d5b9 (edit the annotation, not this block)
-                if isinstance(count, bool) or not isinstance(count, int) or not (1 <= count <= len(self._slots)):
-                    raise ProxyError(f"count must be an integer in [{ 1 }, { len(self._slots) }], got {count!r}")
-                # <<< generated
+                check.int_range("count", count, min=1, max=len(self._slots), exc=ProxyError)  # generated #fcc5f44645
                 by_load = sorted(self.active_ranks(), key=lambda r: (len(self._slots[r].inflight), -r))
                 ranks = by_load[:count]
             ranks = list(ranks)
@@ -608,31 +528,7 @@ class LLMProxy:
         """Bring offloaded workers back with the latest weights and rebalance requests onto them."""
         async with self._control:
             ranks = list(ranks)
-            # VAL: VAL_NON_EMPTY(ranks, exc=ProxyError)
-            # >>> generated VAL_NON_EMPTY #fafb4c4572 (edit the annotation, not this block)
-            if len(ranks) == 0:
-                raise ProxyError(f"ranks must not be empty, got {ranks!r}")
-            # <<< generated
-            # VAL: VAL_INT_RANGE(ranks, min=0, max=len(self._slots) - 1, each=True, exc=ProxyError)
-            # >>> generated VAL_INT_RANGE #0930f3ceb1 (edit the annotation, not this block)
-            for _val_item in ranks:
-                if isinstance(_val_item, bool) or not isinstance(_val_item, int) or not (0 <= _val_item <= len(self._slots) - 1):
-                    raise ProxyError(f"ranks must contain only integers in [{ 0 }, { len(self._slots) - 1 }], got {_val_item!r} in {ranks!r}")
-            # <<< generated
-            # VAL: VAL_UNIQUE(ranks, exc=ProxyError)
-            # >>> generated VAL_UNIQUE #20217c6dd2 (edit the annotation, not this block)
-            _val_seen: set = set()
-            _val_dups = [_val_item for _val_item in ranks if _val_item in _val_seen or _val_seen.add(_val_item)]
-            if _val_dups:
-                raise ProxyError(f"ranks must have unique elements, duplicates {_val_dups!r} in {ranks!r}")
-            # <<< generated
-            offloaded = [s.rank for s in self._slots if s.state == OFFLOADED]
-            # VAL: VAL_SUBSET(ranks, of=offloaded, exc=ProxyError)
-            # >>> generated VAL_SUBSET #832100f2aa (edit the annotation, not this block)
-            _val_extra = [_val_item for _val_item in ranks if _val_item not in offloaded]
-            if _val_extra:
-                raise ProxyError(f"ranks must be a subset of {sorted(offloaded, key=repr)!r}; not allowed: {_val_extra!r}")
-            # <<< generated
+            validate_ranks(ranks, self._slots, of=[s.rank for s in self._slots if s.state == OFFLOADED])
             chosen = [self._slots[r] for r in ranks]
             await asyncio.gather(*(s.handle.reload() for s in chosen))
             if self._latest_weights is not None:
@@ -699,6 +595,7 @@ class LLMProxy:
                     await slot.handle.restart()
                     await self._bring_up(slot)
                     self._emit("worker_restarted", rank=slot.rank)
+                    logger.info("worker %d restarted on devices %s", slot.rank, list(slot.devices))
                     self._notify()
                     return
                 except Exception:  # a failed restart removes the worker
@@ -707,6 +604,7 @@ class LLMProxy:
             slot.state = REMOVED
             self.counters["removed"] += 1
             self._emit("worker_removed", rank=slot.rank)
+            logger.warning("worker %d removed; %d active workers left", slot.rank, len(self.active_ranks()))
             self._notify()
             try:
                 await slot.handle.stop()
@@ -836,36 +734,23 @@ def restart_delay(times: list[float], now: float, *, window_s: float, max_restar
     return 0.0 if not times else min(backoff_max_s, backoff_s * 2 ** min(len(times) - 1, 60))
 
 
-def validate_shrink_ranks(ranks: list[int], slots: Sequence[WorkerSlot], inflight: int) -> None:
-    """Target ranks in range, unique, active, and not the whole active pool while requests are in flight."""
+def validate_ranks(ranks: list[int], slots: Sequence[WorkerSlot], of: list[int]) -> None:
+    """Ranks of a shrink or an expand: some, each a worker of the pool, none twice, all among ``of``
+    (the workers in the state the move starts from)."""
     # VAL: VAL_NON_EMPTY(ranks, exc=ProxyError)
-    # >>> generated VAL_NON_EMPTY #fafb4c4572 (edit the annotation, not this block)
-    if len(ranks) == 0:
-        raise ProxyError(f"ranks must not be empty, got {ranks!r}")
-    # <<< generated
+    check.non_empty("ranks", ranks, exc=ProxyError)  # generated #d086a496b5
     # VAL: VAL_INT_RANGE(ranks, min=0, max=len(slots) - 1, each=True, exc=ProxyError)
-    # >>> generated VAL_INT_RANGE #a7b01b138b (edit the annotation, not this block)
-    for _val_item in ranks:
-        if isinstance(_val_item, bool) or not isinstance(_val_item, int) or not (0 <= _val_item <= len(slots) - 1):
-            raise ProxyError(f"ranks must contain only integers in [{ 0 }, { len(slots) - 1 }], got {_val_item!r} in {ranks!r}")
-    # <<< generated
+    check.int_range_each("ranks", ranks, min=0, max=len(slots) - 1, exc=ProxyError)  # generated #b3e72a587f
     # VAL: VAL_UNIQUE(ranks, exc=ProxyError)
-    # >>> generated VAL_UNIQUE #20217c6dd2 (edit the annotation, not this block)
-    _val_seen: set = set()
-    _val_dups = [_val_item for _val_item in ranks if _val_item in _val_seen or _val_seen.add(_val_item)]
-    if _val_dups:
-        raise ProxyError(f"ranks must have unique elements, duplicates {_val_dups!r} in {ranks!r}")
-    # <<< generated
+    check.unique("ranks", ranks, exc=ProxyError)  # generated #d32eabdc71
+    # VAL: VAL_SUBSET(ranks, of=of, exc=ProxyError)
+    check.subset("ranks", ranks, of=of, exc=ProxyError)  # generated #77b0daba07
+
+
+def validate_shrink_ranks(ranks: list[int], slots: Sequence[WorkerSlot], inflight: int) -> None:
+    """Target ranks valid and active, and not the whole active pool while requests are in flight."""
     active = [s.rank for s in slots if s.state == ACTIVE]
-    # VAL: VAL_SUBSET(ranks, of=active, exc=ProxyError)
-    # >>> generated VAL_SUBSET #603d8f3746 (edit the annotation, not this block)
-    _val_extra = [_val_item for _val_item in ranks if _val_item not in active]
-    if _val_extra:
-        raise ProxyError(f"ranks must be a subset of {sorted(active, key=repr)!r}; not allowed: {_val_extra!r}")
-    # <<< generated
+    validate_ranks(ranks, slots, of=active)
     remaining = len(active) - len(ranks)
     # AST: AST_PRECONDITION(remaining > 0 or inflight == 0, got=(ranks, active, inflight), msg="the pool keeps a worker while requests are in flight", exc=ProxyError)
-    # >>> generated AST_PRECONDITION #724aae61bd (edit the annotation, not this block)
-    if not (remaining > 0 or inflight == 0):
-        raise ProxyError(f"Pre-condition: the pool keeps a worker while requests are in flight, got {(ranks, active, inflight)!r}")
-    # <<< generated
+    check.precondition(remaining > 0 or inflight == 0, "the pool keeps a worker while requests are in flight", got=(ranks, active, inflight), exc=ProxyError)  # generated #fd9e1ae5f7

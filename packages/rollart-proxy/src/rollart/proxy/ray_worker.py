@@ -19,6 +19,7 @@ from rollart.proxy.engine import Engine
 from rollart.proxy.errors import ProxyError, ProxyTimeoutError, WorkerFailedError
 from rollart.proxy.types import EngineOutput, EngineRequest
 from rollart.proxy.worker import InferenceWorker, WorkerStats
+from rollart.resource import checks as check
 
 if TYPE_CHECKING:
     import torch
@@ -47,8 +48,74 @@ class InferenceWorkerActor:
         return result
 
 
-class RayWorkerHandle:
-    """A ``WorkerHandle`` for a worker inside a Ray async actor."""
+class RemoteWorkerHandle:
+    """A ``WorkerHandle`` for a worker in another process: every command is one ``call(method, *args)``.
+
+    Why one class: the proxy's commands are the same wherever the worker runs; only how a call
+    reaches it differs (an actor of ours here, an actor placed by rollart.resource's runtime in
+    rollart.scheduler). A subclass says how to ``call``, and may say how to ``restart`` and ``stop``.
+    """
+
+    worker_id: str
+    hardware: str
+    devices: tuple[int, ...]
+
+    async def call(self, method: str, *args: Any) -> Any:
+        """Run one worker method remotely and return its result (a dead worker raises)."""
+        raise NotImplementedError
+
+    def submit(self, request: EngineRequest) -> Awaitable[EngineOutput]:
+        """Send ADD now; await for the output."""
+        return asyncio.ensure_future(self.call("submit", request))
+
+    async def abort(self, request_id: str) -> bool:
+        """Abort one request."""
+        return await self.call("abort", request_id)
+
+    async def evict(self, request_ids: list[str] | None = None) -> list[str]:
+        """Hand requests back as migrated."""
+        return await self.call("evict", request_ids)
+
+    async def suspend(self) -> None:
+        """Stop stepping."""
+        await self.call("suspend")
+
+    async def resume(self) -> None:
+        """Step again."""
+        await self.call("resume")
+
+    async def offload(self) -> None:
+        """Offload weights after handing requests back."""
+        await self.call("offload")
+
+    async def reload(self) -> None:
+        """Reload weights."""
+        await self.call("reload")
+
+    async def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        """Ship named tensors (made contiguous, as serialization needs) and load them as ``version``;
+        an empty mapping (a marker such as a channel's "fetch it yourself") goes as it is."""
+        await self.call("load_weights", {k: v.contiguous() for k, v in weights.items()} if weights else weights, version)
+
+    async def stats(self) -> WorkerStats:
+        """The worker's stats snapshot."""
+        return await self.call("stats")
+
+    async def probe(self) -> Any:
+        """Health check, answered inside the worker: a dead worker raises, a failed engine too."""
+        return await self.call("probe")
+
+    async def restart(self) -> None:
+        """Rebuild the engine inside the worker."""
+        await self.call("restart")
+
+    async def stop(self) -> None:
+        """Stop the worker."""
+        await self.call("stop")
+
+
+class RayWorkerHandle(RemoteWorkerHandle):
+    """A ``RemoteWorkerHandle`` for a worker inside a Ray async actor of ours."""
 
     def __init__(self, actor: Any, worker_id: str, hardware: str, devices: tuple[int, ...],
                  make_actor: Callable[[], Any], command_timeout_s: float) -> None:
@@ -68,10 +135,7 @@ class RayWorkerHandle:
         import ray
 
         # VAL: VAL_TIMEOUT(command_timeout_s, exc=ProxyError)
-        # >>> generated VAL_TIMEOUT #138a1fc66e (edit the annotation, not this block)
-        if isinstance(command_timeout_s, bool) or not isinstance(command_timeout_s, (int, float)) or not (command_timeout_s - command_timeout_s == 0) or not command_timeout_s > 0:
-            raise ProxyError(f"command_timeout_s must be a finite timeout > 0 seconds, got {command_timeout_s!r}")
-        # <<< generated
+        check.timeout("command_timeout_s", command_timeout_s, exc=ProxyError)  # generated #9f2ecf020c
         options = {"num_cpus": 1, "max_concurrency": 1000, **dict(actor_options or {})}
         remote_cls = ray.remote(InferenceWorkerActor)
 
@@ -99,47 +163,15 @@ class RayWorkerHandle:
             ref = self._actor.call.remote(method, *args)
         return await self._await(ref, self._timeout if timeout is None else timeout, method)
 
+    async def call(self, method: str, *args: Any) -> Any:
+        """One ``InferenceWorker`` method inside the actor, within the command deadline."""
+        return await self._remote(method, *args)
+
     def submit(self, request: EngineRequest) -> Awaitable[EngineOutput]:
         """Send ADD now (Ray keeps one caller's calls in order); await for the output (no deadline here:
         the proxy's request deadline wraps it)."""
         ref = self._actor.call.remote("submit", request)
         return asyncio.ensure_future(self._await(ref, None, "submit"))
-
-    async def abort(self, request_id: str) -> bool:
-        """Abort one request."""
-        return await self._remote("abort", request_id)
-
-    async def evict(self, request_ids: list[str] | None = None) -> list[str]:
-        """Hand requests back as migrated."""
-        return await self._remote("evict", request_ids)
-
-    async def suspend(self) -> None:
-        """Stop stepping."""
-        await self._remote("suspend")
-
-    async def resume(self) -> None:
-        """Step again."""
-        await self._remote("resume")
-
-    async def offload(self) -> None:
-        """Offload weights after handing requests back."""
-        await self._remote("offload")
-
-    async def reload(self) -> None:
-        """Reload weights."""
-        await self._remote("reload")
-
-    async def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
-        """Ship named tensors to the actor and load them as ``version``."""
-        await self._remote("load_weights", dict(weights), version)
-
-    async def stats(self) -> WorkerStats:
-        """The worker's stats snapshot."""
-        return await self._remote("stats")
-
-    async def probe(self) -> WorkerStats:
-        """Health check: a dead actor raises WorkerFailedError, a failed engine too (from the actor)."""
-        return await self._remote("probe")
 
     async def restart(self) -> None:
         """Rebuild the engine in the actor; if the actor is dead, replace it (same options, same device)."""
@@ -151,8 +183,8 @@ class RayWorkerHandle:
             logger.info("ray worker %s: the actor is dead; starting a new one on the same resources", self.worker_id)
             try:
                 ray.kill(self._actor, no_restart=True)
-            except Exception:  # already gone
-                pass
+            except Exception as exc:  # already gone
+                logger.debug("worker %s: kill before restart: %r", self.worker_id, exc)
             self._actor = self._make_actor()
             await self._remote("start")
 

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from rollart.proxy.errors import ProxyError
 from rollart.proxy.types import GenerateRequest
+from rollart.resource import checks as check
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,7 @@ class AffinityRouter:
         allowed = set(self.affinity)
         if "default" not in allowed:
             # VAL: VAL_ONE_OF(tag, choices=allowed, exc=ProxyError)
-            # >>> generated VAL_ONE_OF #690959183c (edit the annotation, not this block)
-            if tag not in allowed:
-                raise ProxyError(f"tag must be one of {sorted(allowed, key=repr)!r}, got {tag!r}")
-            # <<< generated
+            check.one_of("tag", tag, allowed, exc=ProxyError)  # generated #901bd4a56e
             pass
         return self.affinity.get(tag, self.affinity.get("default"))
 
@@ -101,10 +99,7 @@ class LoadIndex:
     def __init__(self, capacity: int) -> None:
         """``capacity``: in-flight requests per worker above which a worker is not routable."""
         # VAL: VAL_INT_RANGE(capacity, min=1, max=1 << 20, exc=ProxyError)
-        # >>> generated VAL_INT_RANGE #19ea86a80c (edit the annotation, not this block)
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or not (1 <= capacity <= 1 << 20):
-            raise ProxyError(f"capacity must be an integer in [{ 1 }, { 1 << 20 }], got {capacity!r}")
-        # <<< generated
+        check.int_range("capacity", capacity, min=1, max=1 << 20, exc=ProxyError)  # generated #bd75ed5953
         self.capacity = capacity
         self._state: dict[int, tuple[str, bool, int, int, int]] = {}  # rank -> (hw, active, inflight, tokens, stamp)
         self._heaps: dict[str | None, list[tuple[int, int, int, int]]] = {None: []}

@@ -26,6 +26,7 @@ from rollart.proxy.types import (
     EngineRequest,
 )
 from rollart.proxy.weight_identity import same_payload, weights_digest
+from rollart.resource import checks as check
 
 
 class HardwareLike(Protocol):
@@ -72,10 +73,7 @@ def lookup_hardware(name: str) -> HardwareLike:
 
     catalogue: Mapping[str, Any] = BUILTIN_HARDWARE
     # VAL: VAL_ONE_OF(name, choices=catalogue, exc=ProxyError)
-    # >>> generated VAL_ONE_OF #56c14db2c8 (edit the annotation, not this block)
-    if name not in catalogue:
-        raise ProxyError(f"name must be one of {sorted(catalogue, key=repr)!r}, got {name!r}")
-    # <<< generated
+    check.one_of("name", name, catalogue, exc=ProxyError)  # generated #988691afa5
     return catalogue[name]
 
 
@@ -163,52 +161,28 @@ class SimEngine:
         tokens while nothing finishes, up to that much modelled time (D19); 0 = one token per step.
         """
         # VAL: VAL_POSITIVE(hardware.tflops_bf16, exc=ProxyError)
-        # >>> generated VAL_POSITIVE #69a041a63f (edit the annotation, not this block)
-        if not hardware.tflops_bf16 > 0:
-            raise ProxyError(f"hardware.tflops_bf16 must be > 0, got {hardware.tflops_bf16!r}")
-        # <<< generated
+        check.positive("hardware.tflops_bf16", hardware.tflops_bf16, exc=ProxyError)  # generated #7b34f29d4e
         # VAL: VAL_POSITIVE(hardware.hbm_tbps, exc=ProxyError)
-        # >>> generated VAL_POSITIVE #ad70caf6b7 (edit the annotation, not this block)
-        if not hardware.hbm_tbps > 0:
-            raise ProxyError(f"hardware.hbm_tbps must be > 0, got {hardware.hbm_tbps!r}")
-        # <<< generated
+        check.positive("hardware.hbm_tbps", hardware.hbm_tbps, exc=ProxyError)  # generated #aefdd4f340
         # VAL: VAL_NON_NEGATIVE(time_scale, exc=ProxyError)
-        # >>> generated VAL_NON_NEGATIVE #f7a0a12cfb (edit the annotation, not this block)
-        if not time_scale >= 0:
-            raise ProxyError(f"time_scale must be >= 0, got {time_scale!r}")
-        # <<< generated
+        check.non_negative("time_scale", time_scale, exc=ProxyError)  # generated #0936c5fd8c
         # VAL: VAL_POSITIVE(host_link_gbs, exc=ProxyError)
-        # >>> generated VAL_POSITIVE #8ec35ba10a (edit the annotation, not this block)
-        if not host_link_gbs > 0:
-            raise ProxyError(f"host_link_gbs must be > 0, got {host_link_gbs!r}")
-        # <<< generated
+        check.positive("host_link_gbs", host_link_gbs, exc=ProxyError)  # generated #0245fa17d2
         # VAL: VAL_INT_RANGE(max_num_seqs, min=1, max=1 << 20, exc=ProxyError)
-        # >>> generated VAL_INT_RANGE #d7512109b9 (edit the annotation, not this block)
-        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or not (1 <= max_num_seqs <= 1 << 20):
-            raise ProxyError(f"max_num_seqs must be an integer in [{ 1 }, { 1 << 20 }], got {max_num_seqs!r}")
-        # <<< generated
+        check.int_range("max_num_seqs", max_num_seqs, min=1, max=1 << 20, exc=ProxyError)  # generated #48ff99fd2d
         self.model = model
         self.hardware = hardware
         self.roofline = RooflineModel(model, hardware.tflops_bf16, hardware.hbm_tbps, mfu, mbu, step_overhead_s)
         self.kv_capacity_tokens = int((hardware.hbm_gb * 1e9 * kv_fraction - model.weight_bytes) // model.kv_bytes_per_token)
         # VAL: VAL_POSITIVE(self.kv_capacity_tokens, exc=ProxyError)
-        # >>> generated VAL_POSITIVE #499b0c4d6a (edit the annotation, not this block)
-        if not self.kv_capacity_tokens > 0:
-            raise ProxyError(f"self.kv_capacity_tokens must be > 0, got {self.kv_capacity_tokens!r}")
-        # <<< generated
+        check.positive("kv_capacity_tokens", self.kv_capacity_tokens, exc=ProxyError)  # generated #e570f973e5
         # AST: AST_PRECONDITION(prefix_cache_tokens is None or (isinstance(prefix_cache_tokens, int) and prefix_cache_tokens >= 0), got=prefix_cache_tokens, msg="prefix_cache_tokens is None or an integer >= 0", exc=ProxyError)
-        # >>> generated AST_PRECONDITION #cbfaa005e9 (edit the annotation, not this block)
-        if not (prefix_cache_tokens is None or (isinstance(prefix_cache_tokens, int) and prefix_cache_tokens >= 0)):
-            raise ProxyError(f"Pre-condition: prefix_cache_tokens is None or an integer >= 0, got {prefix_cache_tokens!r}")
-        # <<< generated
+        check.precondition(prefix_cache_tokens is None or (isinstance(prefix_cache_tokens, int) and prefix_cache_tokens >= 0), "prefix_cache_tokens is None or an integer >= 0", got=prefix_cache_tokens, exc=ProxyError)  # generated #cb55cf94f9
         self._max_num_seqs = max_num_seqs
         self._prefix_cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # LRU: oldest first
         self._prefix_cap = self.kv_capacity_tokens if prefix_cache_tokens is None else prefix_cache_tokens
         # VAL: VAL_NON_NEGATIVE(decode_quantum_s, exc=ProxyError)
-        # >>> generated VAL_NON_NEGATIVE #767383db5c (edit the annotation, not this block)
-        if not decode_quantum_s >= 0:
-            raise ProxyError(f"decode_quantum_s must be >= 0, got {decode_quantum_s!r}")
-        # <<< generated
+        check.non_negative("decode_quantum_s", decode_quantum_s, exc=ProxyError)  # generated #144b439704
         self._decode_quantum_s = decode_quantum_s
         self._cached_tokens = 0
         self._reserved = 0
@@ -241,15 +215,9 @@ class SimEngine:
     def add_request(self, request: EngineRequest) -> None:
         """Queue a request; resumed requests keep their tokens and pay a recompute prefill."""
         # VAL: VAL_NON_EMPTY(request.prompt_ids, exc=ProxyError)
-        # >>> generated VAL_NON_EMPTY #5cff009abe (edit the annotation, not this block)
-        if len(request.prompt_ids) == 0:
-            raise ProxyError(f"request.prompt_ids must not be empty, got {request.prompt_ids!r}")
-        # <<< generated
+        check.non_empty("request.prompt_ids", request.prompt_ids, exc=ProxyError)  # generated #1d2562ad28
         # VAL: VAL_POSITIVE(request.remaining_tokens, exc=ProxyError)
-        # >>> generated VAL_POSITIVE #9e10b42afa (edit the annotation, not this block)
-        if not request.remaining_tokens > 0:
-            raise ProxyError(f"request.remaining_tokens must be > 0, got {request.remaining_tokens!r}")
-        # <<< generated
+        check.positive("request.remaining_tokens", request.remaining_tokens, exc=ProxyError)  # generated #002811cb2c
         if self._offloaded:
             raise ProxyError(f"SimEngine.add_request({request.request_id!r}): engine is offloaded")
         rng = random.Random(zlib.crc32(f"{self._seed}:{request.request_id}:{len(request.generated_ids)}".encode()))
@@ -267,10 +235,7 @@ class SimEngine:
     def abort_request(self, request_id: str) -> EngineOutput:
         """Remove a request, returning its tokens so far; its context stays in the prefix cache."""
         # VAL: VAL_ONE_OF(request_id, choices=self._ids(), exc=ProxyError)
-        # >>> generated VAL_ONE_OF #2959a8cd33 (edit the annotation, not this block)
-        if request_id not in self._ids():
-            raise ProxyError(f"request_id must be one of {sorted(self._ids(), key=repr)!r}, got {request_id!r}")
-        # <<< generated
+        check.one_of("request_id", request_id, self._ids(), exc=ProxyError)  # generated #b6094f5c03
         seq = self._running.pop(request_id, None)
         if seq is None:
             seq = next(s for s in self._waiting if s.request.request_id == request_id)
@@ -393,10 +358,7 @@ class SimEngine:
             self._evict_prefixes()
             admitted.append(seq)
         # AST: AST_INVARIANT(self._cached_tokens <= self._cache_budget(), got=(self._cached_tokens, self._reserved), msg="cached prefixes fit beside the running reservations")
-        # >>> generated AST_INVARIANT #e7e69f225f (edit the annotation, not this block)
-        if not (self._cached_tokens <= self._cache_budget()):
-            raise AssertionError(f"Invariant: cached prefixes fit beside the running reservations, got {(self._cached_tokens, self._reserved)!r}")
-        # <<< generated
+        check.invariant(self._cached_tokens <= self._cache_budget(), "cached prefixes fit beside the running reservations", got=(self._cached_tokens, self._reserved))  # generated #c5291099e8
         return admitted
 
     def _emit(self, seq: _SimSeq) -> EngineOutput | None:
@@ -422,10 +384,7 @@ class SimEngine:
     async def offload(self) -> None:
         """Simulate copying weights to host memory over the host link (the engine must be empty)."""
         # AST: AST_PRECONDITION(not self.has_work(), got=sorted(self._ids()), msg="engine empty before offload")
-        # >>> generated AST_PRECONDITION #4f82b0ae85 (edit the annotation, not this block)
-        if not (not self.has_work()):
-            raise AssertionError(f"Pre-condition: engine empty before offload, got {sorted(self._ids())!r}")
-        # <<< generated
+        check.precondition(not self.has_work(), "engine empty before offload", got_lazy=lambda: sorted(self._ids()))  # generated #38704b3a1f
         if not self._offloaded:
             self._offloaded = True
             self._prefix_cache.clear()
@@ -445,15 +404,9 @@ class SimEngine:
         or an empty one; the construction version has no payload, so only an empty one.
         """
         # VAL: VAL_VERSION_MONOTONIC(version, self._version, strict=False, exc=ProxyError)
-        # >>> generated VAL_VERSION_MONOTONIC #d00afba5e3 (edit the annotation, not this block)
-        if self._version is not None and not version >= self._version:
-            raise ProxyError(f"version must be >= self._version (versions never go backwards), got {version!r} with current {self._version!r}")
-        # <<< generated
+        check.version_monotonic("version", version, self._version, strict=False, exc=ProxyError)  # generated #446e2b7c63
         # AST: AST_PRECONDITION(version != self._version or same_payload(self._weights_digest, weights), got=version, msg="the version served now is re-sent only with the payload loaded under it (publish changed weights under a new version)", exc=ProxyError)
-        # >>> generated AST_PRECONDITION #2571625661 (edit the annotation, not this block)
-        if not (version != self._version or same_payload(self._weights_digest, weights)):
-            raise ProxyError(f"Pre-condition: the version served now is re-sent only with the payload loaded under it (publish changed weights under a new version), got {version!r}")
-        # <<< generated
+        check.precondition(version != self._version or same_payload(self._weights_digest, weights), "the version served now is re-sent only with the payload loaded under it (publish changed weights under a new version)", got=version, exc=ProxyError)  # generated #edc8c1ab9e
         if version == self._version:
             return  # an identical re-send
         await self._sleep(self.model.weight_bytes / (self._host_link_gbs * 1e9))

@@ -38,6 +38,7 @@ from rollart.proxy.types import (
     EngineRequest,
 )
 from rollart.proxy.weight_identity import holds_weights
+from rollart.resource import checks as check
 
 
 @dataclass
@@ -123,20 +124,11 @@ class TorchEngine:
         """Wrap a loaded model; ``offload_to_thread`` runs forwards off the event loop thread;
         ``batched_prefill`` and ``prefix_cache`` switch D27 and D28 (off = the step-11 engine)."""
         # VAL: VAL_INT_RANGE(max_num_seqs, min=1, max=4096, exc=ProxyError)
-        # >>> generated VAL_INT_RANGE #e8da9fab12 (edit the annotation, not this block)
-        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or not (1 <= max_num_seqs <= 4096):
-            raise ProxyError(f"max_num_seqs must be an integer in [{ 1 }, { 4096 }], got {max_num_seqs!r}")
-        # <<< generated
+        check.int_range("max_num_seqs", max_num_seqs, min=1, max=4096, exc=ProxyError)  # generated #9935161f6a
         # VAL: VAL_INT_RANGE(max_kv_tokens, min=1, max=1 << 30, exc=ProxyError)
-        # >>> generated VAL_INT_RANGE #5ccba3b825 (edit the annotation, not this block)
-        if isinstance(max_kv_tokens, bool) or not isinstance(max_kv_tokens, int) or not (1 <= max_kv_tokens <= 1 << 30):
-            raise ProxyError(f"max_kv_tokens must be an integer in [{ 1 }, { 1 << 30 }], got {max_kv_tokens!r}")
-        # <<< generated
+        check.int_range("max_kv_tokens", max_kv_tokens, min=1, max=1 << 30, exc=ProxyError)  # generated #b77dd22dcb
         # VAL: VAL_INT_RANGE(max_prefills_per_step, min=1, max=4096, exc=ProxyError)
-        # >>> generated VAL_INT_RANGE #a47dce902b (edit the annotation, not this block)
-        if isinstance(max_prefills_per_step, bool) or not isinstance(max_prefills_per_step, int) or not (1 <= max_prefills_per_step <= 4096):
-            raise ProxyError(f"max_prefills_per_step must be an integer in [{ 1 }, { 4096 }], got {max_prefills_per_step!r}")
-        # <<< generated
+        check.int_range("max_prefills_per_step", max_prefills_per_step, min=1, max=4096, exc=ProxyError)  # generated #05662c408b
         self._model = model.eval()
         self._max_num_seqs = max_num_seqs
         self._max_kv_tokens = max_kv_tokens
@@ -180,26 +172,14 @@ class TorchEngine:
     def add_request(self, request: EngineRequest) -> None:
         """Queue a request; resumed requests keep their generated tokens and recompute their KV."""
         # VAL: VAL_NON_EMPTY(request.prompt_ids, exc=ProxyError)
-        # >>> generated VAL_NON_EMPTY #5cff009abe (edit the annotation, not this block)
-        if len(request.prompt_ids) == 0:
-            raise ProxyError(f"request.prompt_ids must not be empty, got {request.prompt_ids!r}")
-        # <<< generated
+        check.non_empty("request.prompt_ids", request.prompt_ids, exc=ProxyError)  # generated #1d2562ad28
         # VAL: VAL_POSITIVE(request.remaining_tokens, exc=ProxyError)
-        # >>> generated VAL_POSITIVE #9e10b42afa (edit the annotation, not this block)
-        if not request.remaining_tokens > 0:
-            raise ProxyError(f"request.remaining_tokens must be > 0, got {request.remaining_tokens!r}")
-        # <<< generated
+        check.positive("request.remaining_tokens", request.remaining_tokens, exc=ProxyError)  # generated #002811cb2c
         # AST: AST_PRECONDITION(request.request_id not in self._ids(), got=request.request_id, msg="request id not already in the engine")
-        # >>> generated AST_PRECONDITION #0ceb168b99 (edit the annotation, not this block)
-        if not (request.request_id not in self._ids()):
-            raise AssertionError(f"Pre-condition: request id not already in the engine, got {request.request_id!r}")
-        # <<< generated
+        check.precondition(request.request_id not in self._ids(), "request id not already in the engine", got=request.request_id)  # generated #a7681b5720
         needed = len(request.context_ids) + request.remaining_tokens
         # VAL: VAL_INT_RANGE(needed, min=1, max=self._max_kv_tokens, exc=ProxyError)
-        # >>> generated VAL_INT_RANGE #64980ba67e (edit the annotation, not this block)
-        if isinstance(needed, bool) or not isinstance(needed, int) or not (1 <= needed <= self._max_kv_tokens):
-            raise ProxyError(f"needed must be an integer in [{ 1 }, { self._max_kv_tokens }], got {needed!r}")
-        # <<< generated
+        check.int_range("needed", needed, min=1, max=self._max_kv_tokens, exc=ProxyError)  # generated #3cf1f6a281
         generator = None
         if request.params.seed is not None:
             generator = torch.Generator().manual_seed(request.params.seed + len(request.generated_ids))
@@ -220,10 +200,7 @@ class TorchEngine:
     def abort_request(self, request_id: str) -> EngineOutput:
         """Remove a request, returning its tokens so far (so a migration keeps them)."""
         # VAL: VAL_ONE_OF(request_id, choices=self._ids(), exc=ProxyError)
-        # >>> generated VAL_ONE_OF #2959a8cd33 (edit the annotation, not this block)
-        if request_id not in self._ids():
-            raise ProxyError(f"request_id must be one of {sorted(self._ids(), key=repr)!r}, got {request_id!r}")
-        # <<< generated
+        check.one_of("request_id", request_id, self._ids(), exc=ProxyError)  # generated #b6094f5c03
         seq = self._running.pop(request_id, None)
         if seq is None:
             seq = next(s for s in self._waiting if s.request.request_id == request_id)
@@ -478,10 +455,7 @@ class TorchEngine:
         the same memory, so offload only detaches them (the engine refuses to step until reload).
         """
         # AST: AST_PRECONDITION(not self.has_work(), got=sorted(self._ids()), msg="engine empty before offload")
-        # >>> generated AST_PRECONDITION #4f82b0ae85 (edit the annotation, not this block)
-        if not (not self.has_work()):
-            raise AssertionError(f"Pre-condition: engine empty before offload, got {sorted(self._ids())!r}")
-        # <<< generated
+        check.precondition(not self.has_work(), "engine empty before offload", got_lazy=lambda: sorted(self._ids()))  # generated #38704b3a1f
         if self._cache is not None:
             self._cache.clear()  # offload frees the KV too (on a GPU that is the point)
         if self._host_params is not None:
@@ -507,21 +481,11 @@ class TorchEngine:
         names one set of weights, and every token is tagged with it.
         """
         # VAL: VAL_VERSION_MONOTONIC(version, self._version, strict=False, exc=ProxyError)
-        # >>> generated VAL_VERSION_MONOTONIC #d00afba5e3 (edit the annotation, not this block)
-        if self._version is not None and not version >= self._version:
-            raise ProxyError(f"version must be >= self._version (versions never go backwards), got {version!r} with current {self._version!r}")
-        # <<< generated
-        # VAL: VAL_SUBSET(weights.keys(), of=self._param_names, exc=ProxyError)
-        # >>> generated VAL_SUBSET #5d0382fc9a (edit the annotation, not this block)
-        _val_extra = [_val_item for _val_item in weights.keys() if _val_item not in self._param_names]
-        if _val_extra:
-            raise ProxyError(f"weights.keys() must be a subset of {sorted(self._param_names, key=repr)!r}; not allowed: {_val_extra!r}")
-        # <<< generated
+        check.version_monotonic("version", version, self._version, strict=False, exc=ProxyError)  # generated #446e2b7c63
+        # VAL: VAL_SUBSET(weights.keys(), of=self._param_names, name="weight names", exc=ProxyError)
+        check.subset("weight names", weights.keys(), of=self._param_names, exc=ProxyError)  # generated #b08ab1394d
         # AST: AST_PRECONDITION(version != self._version or holds_weights(self._host_params or dict(self._model.named_parameters()), weights), got=version, msg="the version served now is re-sent only with the weights it serves (publish changed weights under a new version)", exc=ProxyError)
-        # >>> generated AST_PRECONDITION #01c67159ac (edit the annotation, not this block)
-        if not (version != self._version or holds_weights(self._host_params or dict(self._model.named_parameters()), weights)):
-            raise ProxyError(f"Pre-condition: the version served now is re-sent only with the weights it serves (publish changed weights under a new version), got {version!r}")
-        # <<< generated
+        check.precondition(version != self._version or holds_weights(self._host_params or dict(self._model.named_parameters()), weights), "the version served now is re-sent only with the weights it serves (publish changed weights under a new version)", got=version, exc=ProxyError)  # generated #e71fb39243
         if version == self._version:
             return  # an identical re-send: nothing to load, no KV to recompute
         if self._host_params is not None:

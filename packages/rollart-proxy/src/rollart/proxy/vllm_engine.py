@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from rollart.proxy.errors import ProxyError
 from rollart.proxy.types import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, EngineLoad, EngineOutput, EngineRequest
 from rollart.proxy.weight_identity import same_payload, weights_digest
+from rollart.resource import checks as check
 
 if TYPE_CHECKING:
     import torch
@@ -108,15 +109,9 @@ class VLLMEngine:
     ) -> None:
         """Start a vLLM engine on a local model directory (tens of seconds on CPU)."""
         # VAL: VAL_INT_RANGE(max_num_seqs, min=1, max=4096, exc=ProxyError)
-        # >>> generated VAL_INT_RANGE #e8da9fab12 (edit the annotation, not this block)
-        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or not (1 <= max_num_seqs <= 4096):
-            raise ProxyError(f"max_num_seqs must be an integer in [{ 1 }, { 4096 }], got {max_num_seqs!r}")
-        # <<< generated
+        check.int_range("max_num_seqs", max_num_seqs, min=1, max=4096, exc=ProxyError)  # generated #9935161f6a
         # VAL: VAL_INT_RANGE(max_model_len, min=2, max=1 << 22, exc=ProxyError)
-        # >>> generated VAL_INT_RANGE #a5b475a7a4 (edit the annotation, not this block)
-        if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or not (2 <= max_model_len <= 1 << 22):
-            raise ProxyError(f"max_model_len must be an integer in [{ 2 }, { 1 << 22 }], got {max_model_len!r}")
-        # <<< generated
+        check.int_range("max_model_len", max_model_len, min=2, max=1 << 22, exc=ProxyError)  # generated #1af2d2d4c2
         try:
             from vllm import EngineArgs, LLMEngine
         except ImportError as err:  # the optional extra is missing: say which one
@@ -186,21 +181,12 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         # VAL: VAL_NON_EMPTY(request.prompt_ids, exc=ProxyError)
-        # >>> generated VAL_NON_EMPTY #5cff009abe (edit the annotation, not this block)
-        if len(request.prompt_ids) == 0:
-            raise ProxyError(f"request.prompt_ids must not be empty, got {request.prompt_ids!r}")
-        # <<< generated
+        check.non_empty("request.prompt_ids", request.prompt_ids, exc=ProxyError)  # generated #1d2562ad28
         # VAL: VAL_POSITIVE(request.remaining_tokens, exc=ProxyError)
-        # >>> generated VAL_POSITIVE #9e10b42afa (edit the annotation, not this block)
-        if not request.remaining_tokens > 0:
-            raise ProxyError(f"request.remaining_tokens must be > 0, got {request.remaining_tokens!r}")
-        # <<< generated
+        check.positive("request.remaining_tokens", request.remaining_tokens, exc=ProxyError)  # generated #002811cb2c
         needed = len(request.context_ids) + request.remaining_tokens
         # VAL: VAL_INT_RANGE(needed, min=1, max=self._max_model_len, exc=ProxyError)
-        # >>> generated VAL_INT_RANGE #8fa26d95df (edit the annotation, not this block)
-        if isinstance(needed, bool) or not isinstance(needed, int) or not (1 <= needed <= self._max_model_len):
-            raise ProxyError(f"needed must be an integer in [{ 1 }, { self._max_model_len }], got {needed!r}")
-        # <<< generated
+        check.int_range("needed", needed, min=1, max=self._max_model_len, exc=ProxyError)  # generated #a1a1d0cd26
         if self._offloaded:
             raise ProxyError(f"VLLMEngine.add_request({request.request_id!r}): engine is offloaded")
         self._tracked[request.request_id] = _Tracked(
@@ -212,10 +198,7 @@ class VLLMEngine:
     def abort_request(self, request_id: str) -> EngineOutput:
         """Abort in vLLM and return the tokens generated so far."""
         # VAL: VAL_ONE_OF(request_id, choices=self._tracked, exc=ProxyError)
-        # >>> generated VAL_ONE_OF #89d3e66c0c (edit the annotation, not this block)
-        if request_id not in self._tracked:
-            raise ProxyError(f"request_id must be one of {sorted(self._tracked, key=repr)!r}, got {request_id!r}")
-        # <<< generated
+        check.one_of("request_id", request_id, self._tracked, exc=ProxyError)  # generated #a8b7e29206
         self._engine.abort_request([request_id])
         return self._tracked.pop(request_id).output(FINISH_ABORT)
 
@@ -256,10 +239,7 @@ class VLLMEngine:
     async def offload(self) -> None:
         """vLLM sleep (level 1: weights to host, KV dropped) where supported; on CPU only stop stepping."""
         # AST: AST_PRECONDITION(not self.has_work(), got=sorted(self._tracked), msg="engine empty before offload")
-        # >>> generated AST_PRECONDITION #c8d8c212a6 (edit the annotation, not this block)
-        if not (not self.has_work()):
-            raise AssertionError(f"Pre-condition: engine empty before offload, got {sorted(self._tracked)!r}")
-        # <<< generated
+        check.precondition(not self.has_work(), "engine empty before offload", got_lazy=lambda: sorted(self._tracked))  # generated #1e8b894e6b
         if self._offloaded:
             return
         if self._sleep_mode:
@@ -282,15 +262,9 @@ class VLLMEngine:
         the checkpoint and accepts only an empty payload again.
         """
         # VAL: VAL_VERSION_MONOTONIC(version, self._version, strict=False, exc=ProxyError)
-        # >>> generated VAL_VERSION_MONOTONIC #d00afba5e3 (edit the annotation, not this block)
-        if self._version is not None and not version >= self._version:
-            raise ProxyError(f"version must be >= self._version (versions never go backwards), got {version!r} with current {self._version!r}")
-        # <<< generated
+        check.version_monotonic("version", version, self._version, strict=False, exc=ProxyError)  # generated #446e2b7c63
         # AST: AST_PRECONDITION(version != self._version or same_payload(self._weights_digest, weights), got=version, msg="the version served now is re-sent only with the payload loaded under it; the construction version serves the checkpoint (publish changed weights under a new version)", exc=ProxyError)
-        # >>> generated AST_PRECONDITION #7f6a25beb5 (edit the annotation, not this block)
-        if not (version != self._version or same_payload(self._weights_digest, weights)):
-            raise ProxyError(f"Pre-condition: the version served now is re-sent only with the payload loaded under it; the construction version serves the checkpoint (publish changed weights under a new version), got {version!r}")
-        # <<< generated
+        check.precondition(version != self._version or same_payload(self._weights_digest, weights), "the version served now is re-sent only with the payload loaded under it; the construction version serves the checkpoint (publish changed weights under a new version)", got=version, exc=ProxyError)  # generated #93bd96b5d0
         if version == self._version:
             return  # an identical re-send
         digest = weights_digest(weights)

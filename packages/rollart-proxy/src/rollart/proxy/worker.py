@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -23,6 +24,9 @@ from rollart.proxy.types import (
     EngineOutput,
     EngineRequest,
 )
+from rollart.resource import checks as check
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import torch
@@ -100,15 +104,9 @@ class InferenceWorker:
     ) -> None:
         """Create a worker; ``start()`` builds the engine and starts the loop."""
         # VAL: VAL_NON_EMPTY(worker_id, exc=ProxyError)
-        # >>> generated VAL_NON_EMPTY #05bd63f05b (edit the annotation, not this block)
-        if len(worker_id) == 0:
-            raise ProxyError(f"worker_id must not be empty, got {worker_id!r}")
-        # <<< generated
+        check.non_empty("worker_id", worker_id, exc=ProxyError)  # generated #fc45e9d3a7
         # VAL: VAL_TIMEOUT(command_timeout_s, exc=ProxyError)
-        # >>> generated VAL_TIMEOUT #138a1fc66e (edit the annotation, not this block)
-        if isinstance(command_timeout_s, bool) or not isinstance(command_timeout_s, (int, float)) or not (command_timeout_s - command_timeout_s == 0) or not command_timeout_s > 0:
-            raise ProxyError(f"command_timeout_s must be a finite timeout > 0 seconds, got {command_timeout_s!r}")
-        # <<< generated
+        check.timeout("command_timeout_s", command_timeout_s, exc=ProxyError)  # generated #9f2ecf020c
         self.worker_id = worker_id
         self.hardware = hardware
         self.devices = tuple(devices)
@@ -138,10 +136,7 @@ class InferenceWorker:
     async def start(self) -> None:
         """Build the engine and start the loop."""
         # VAL: VAL_ONE_OF(self._state, choices=(WorkerState.STOPPED, WorkerState.FAILED), exc=ProxyError)
-        # >>> generated VAL_ONE_OF #6ae62a27c4 (edit the annotation, not this block)
-        if self._state not in (WorkerState.STOPPED, WorkerState.FAILED):
-            raise ProxyError(f"self._state must be one of {sorted((WorkerState.STOPPED, WorkerState.FAILED), key=repr)!r}, got {self._state!r}")
-        # <<< generated
+        check.one_of("state", self._state, (WorkerState.STOPPED, WorkerState.FAILED), exc=ProxyError)  # generated #d5e66914ee
         self._engine = self._factory()
         self._queue = asyncio.Queue()
         self._state = WorkerState.RUNNING
@@ -325,6 +320,8 @@ class InferenceWorker:
                 cmd.reply.set_exception(exc)
 
     def _on_failure(self, exc: BaseException) -> None:
+        log.error("worker %s: engine step failed, handing back %d requests", self.worker_id, len(self._pending),
+                  exc_info=exc)
         self._failure = exc
         self._state = WorkerState.FAILED
         self._hand_back_all(FINISH_WORKER_FAILED)
@@ -394,10 +391,7 @@ class InferenceWorker:
         if kind is CommandKind.UPDATE_WEIGHTS:
             weights, version = cmd.payload
             # VAL: VAL_VERSION_MONOTONIC(version, engine.version, strict=False, exc=ProxyError)
-            # >>> generated VAL_VERSION_MONOTONIC #2633b8e11c (edit the annotation, not this block)
-            if engine.version is not None and not version >= engine.version:
-                raise ProxyError(f"version must be >= engine.version (versions never go backwards), got {version!r} with current {engine.version!r}")
-            # <<< generated
+            check.version_monotonic("version", version, engine.version, strict=False, exc=ProxyError)  # generated #08b24b2b5c
             await engine.load_weights(weights, version)
             return None
         raise ProxyError(f"unknown command {kind!r}")

@@ -20,10 +20,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollart.resource import checks as check
 from rollart.resource.decorators import ROUTE_MODE, DispatchSpec, dispatch_spec_of
 from rollart.resource.errors import (
     CallTimeout,
@@ -38,6 +40,8 @@ from rollart.resource.runtime import LocalRuntime, WorkerContext, WorkerRuntime
 from rollart.resource.serverless import ServerlessClient, redact_url
 from rollart.resource.store import WorkerRecord
 from rollart.resource.worker import Worker
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CALL_TIMEOUT_KEYWORD", "Cluster"]
 
@@ -112,30 +116,15 @@ class Cluster:
         """
         # deps: ResourceManager.allocate, WorkerRuntime.spawn, ResourceManager.report_worker, ResourceManager.register_service
         # VAL: VAL_INT_RANGE(num_workers, min=1, max=100000, exc=ResourceError)
-        # >>> generated VAL_INT_RANGE #cf98a1a898 (edit the annotation, not this block)
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or not (1 <= num_workers <= 100000):
-            raise ResourceError(f"num_workers must be an integer in [{ 1 }, { 100000 }], got {num_workers!r}")
-        # <<< generated
+        check.int_range("num_workers", num_workers, min=1, max=100000, exc=ResourceError)  # generated #a1f9f7661c
         # VAL: VAL_INT_RANGE(devices_per_worker, min=1, max=1024, exc=ResourceError)
-        # >>> generated VAL_INT_RANGE #2a093c99cd (edit the annotation, not this block)
-        if isinstance(devices_per_worker, bool) or not isinstance(devices_per_worker, int) or not (1 <= devices_per_worker <= 1024):
-            raise ResourceError(f"devices_per_worker must be an integer in [{ 1 }, { 1024 }], got {devices_per_worker!r}")
-        # <<< generated
+        check.int_range("devices_per_worker", devices_per_worker, min=1, max=1024, exc=ResourceError)  # generated #f16a69622b
         # VAL: VAL_TIMEOUT(timeout, exc=ResourceError)
-        # >>> generated VAL_TIMEOUT #1a53c8063d (edit the annotation, not this block)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
-            raise ResourceError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
-        # <<< generated
+        check.timeout("timeout", timeout, exc=ResourceError)  # generated #db0d52c256
         # VAL: VAL_TIMEOUT(call_timeout, exc=ResourceError)
-        # >>> generated VAL_TIMEOUT #c11901df08 (edit the annotation, not this block)
-        if isinstance(call_timeout, bool) or not isinstance(call_timeout, (int, float)) or not (call_timeout - call_timeout == 0) or not call_timeout > 0:
-            raise ResourceError(f"call_timeout must be a finite timeout > 0 seconds, got {call_timeout!r}")
-        # <<< generated
+        check.timeout("call_timeout", call_timeout, exc=ResourceError)  # generated #dacb92c293
         # AST: AST_PRECONDITION(isinstance(worker_cls, type) and issubclass(worker_cls, Worker), got=worker_cls, msg="worker_cls is a Worker subclass", exc=ResourceError)
-        # >>> generated AST_PRECONDITION #7cffac5735 (edit the annotation, not this block)
-        if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
-            raise ResourceError(f"Pre-condition: worker_cls is a Worker subclass, got {worker_cls!r}")
-        # <<< generated
+        check.precondition(isinstance(worker_cls, type) and issubclass(worker_cls, Worker), "worker_cls is a Worker subclass", got=worker_cls, exc=ResourceError)  # generated #6ea2031b72
         name = name or f"{worker_cls.__name__}-{role}"
         plan = cls._hardware_plan(hw, num_workers)
         specs = cls._dispatch_specs(worker_cls)
@@ -244,10 +233,7 @@ class Cluster:
     def hw_of(self, rank: int) -> str:
         """The hardware type of a worker."""
         # VAL: VAL_ONE_OF(rank, choices=self._members, exc=ResourceError)
-        # >>> generated VAL_ONE_OF #10d620f359 (edit the annotation, not this block)
-        if rank not in self._members:
-            raise ResourceError(f"rank must be one of {sorted(self._members, key=repr)!r}, got {rank!r}")
-        # <<< generated
+        check.one_of("rank", rank, self._members, exc=ResourceError)  # generated #5a3079490e
         return self._members[rank].hw
 
     # -- calls -----------------------------------------------------------------------------------
@@ -259,10 +245,7 @@ class Cluster:
         kwargs = dict(kwargs)
         rollart_timeout = kwargs.pop(CALL_TIMEOUT_KEYWORD)
         # VAL: VAL_TIMEOUT(rollart_timeout, exc=ResourceError)
-        # >>> generated VAL_TIMEOUT #4b0b92eff6 (edit the annotation, not this block)
-        if isinstance(rollart_timeout, bool) or not isinstance(rollart_timeout, (int, float)) or not (rollart_timeout - rollart_timeout == 0) or not rollart_timeout > 0:
-            raise ResourceError(f"rollart_timeout must be a finite timeout > 0 seconds, got {rollart_timeout!r}")
-        # <<< generated
+        check.timeout("rollart_timeout", rollart_timeout, exc=ResourceError)  # generated #1c935261c8
         return float(rollart_timeout), kwargs
 
     async def _call(self, rank: int, method: str, args: tuple, kwargs: Mapping[str, Any],
@@ -323,10 +306,7 @@ class Cluster:
         """Split items into contiguous chunks, one per worker, and concatenate the returned lists in order."""
         # deps: Cluster._call
         # VAL: VAL_TYPE(items, (list, tuple), exc=ResourceError)
-        # >>> generated VAL_TYPE #583cf194a4 (edit the annotation, not this block)
-        if not isinstance(items, (list, tuple)):
-            raise ResourceError(f"items must be of type (list, tuple), got {type(items).__name__} {items!r}")
-        # <<< generated
+        check.of_type("items", items, (list, tuple), exc=ResourceError)  # generated #1fd590aa73
         timeout, kwargs = self._split_deadline(method, kwargs)
         ranks = self._live_ranks()
         base, extra = divmod(len(items), len(ranks))
@@ -380,10 +360,7 @@ class Cluster:
         """
         # deps: Cluster._handle_death
         # VAL: VAL_TIMEOUT(timeout, exc=ResourceError)
-        # >>> generated VAL_TIMEOUT #1a53c8063d (edit the annotation, not this block)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
-            raise ResourceError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
-        # <<< generated
+        check.timeout("timeout", timeout, exc=ResourceError)  # generated #db0d52c256
         actions: dict[int, str] = {}
 
         async def probe(rank: int) -> None:
@@ -413,11 +390,13 @@ class Cluster:
                     self._report(member, "alive")
                     return "restarted"
                 except Exception as exc:  # the restart failed: remove instead
+                    log.error("worker %s/%d: restart failed, removing it", self._name, member.rank, exc_info=exc)
                     self._manager.record_event("worker_restart_failed", {"worker": f"{self._name}/{member.rank}",
                                                                          "error": f"{type(exc).__name__}: {exc}"})
             try:
                 await self._runtime.remove(member.handle)
             except Exception as exc:
+                log.error("worker %s/%d: remove failed", self._name, member.rank, exc_info=exc)
                 self._manager.record_event("worker_remove_failed", {"worker": f"{self._name}/{member.rank}",
                                                                     "error": f"{type(exc).__name__}: {exc}"})
             del self._members[member.rank]

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from rollart.resource import checks as check
 from rollart.resource.errors import ResourceError
 
 __all__ = ["DISPATCH_MODES", "DispatchSpec", "ServerlessSpec", "dispatch_spec_of", "hw_mapping", "register",
@@ -72,15 +73,9 @@ def register(mode: str = "execute_all", *, timeout: float | None = None) -> Call
     # deps: none
     if timeout is not None:
         # VAL: VAL_TIMEOUT(timeout, exc=ResourceError)
-        # >>> generated VAL_TIMEOUT #1a53c8063d (edit the annotation, not this block)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
-            raise ResourceError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
-        # <<< generated
+        check.timeout("timeout", timeout, exc=ResourceError)  # generated #db0d52c256
     # VAL: VAL_ONE_OF(mode, choices=DISPATCH_MODES, exc=ResourceError)
-    # >>> generated VAL_ONE_OF #d283372747 (edit the annotation, not this block)
-    if mode not in DISPATCH_MODES:
-        raise ResourceError(f"mode must be one of {sorted(DISPATCH_MODES, key=repr)!r}, got {mode!r}")
-    # <<< generated
+    check.one_of("mode", mode, DISPATCH_MODES, exc=ResourceError)  # generated #89b950d2c1
 
     def decorate(fn: F) -> F:
         setattr(fn, _ATTR, DispatchSpec(mode, call_timeout=None if timeout is None else float(timeout)))
@@ -97,20 +92,11 @@ def hw_mapping(hw_affinity: Mapping[str, str], *, timeout: float | None = None) 
     # deps: none
     if timeout is not None:
         # VAL: VAL_TIMEOUT(timeout, exc=ResourceError)
-        # >>> generated VAL_TIMEOUT #1a53c8063d (edit the annotation, not this block)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
-            raise ResourceError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
-        # <<< generated
+        check.timeout("timeout", timeout, exc=ResourceError)  # generated #db0d52c256
     # VAL: VAL_NON_EMPTY(hw_affinity, exc=ResourceError)
-    # >>> generated VAL_NON_EMPTY #249aba6015 (edit the annotation, not this block)
-    if len(hw_affinity) == 0:
-        raise ResourceError(f"hw_affinity must not be empty, got {hw_affinity!r}")
-    # <<< generated
+    check.non_empty("hw_affinity", hw_affinity, exc=ResourceError)  # generated #2236af1839
     # AST: AST_PRECONDITION("default" in hw_affinity, got=sorted(hw_affinity), msg="hw_affinity has a 'default' entry", exc=ResourceError)
-    # >>> generated AST_PRECONDITION #338541e192 (edit the annotation, not this block)
-    if not ('default' in hw_affinity):
-        raise ResourceError(f"Pre-condition: hw_affinity has a 'default' entry, got {sorted(hw_affinity)!r}")
-    # <<< generated
+    check.precondition("default" in hw_affinity, "hw_affinity has a 'default' entry", got_lazy=lambda: sorted(hw_affinity), exc=ResourceError)  # generated #7ef9fa7718
     affinity = dict(hw_affinity)
 
     def decorate(fn: F) -> F:
@@ -125,35 +111,17 @@ def register_serverless(attribute: str, url: str, *, timeout: float = 10.0, retr
     """Replace `attribute` on every worker with a client of the HTTP function at url (paper Listing 1 line 26)."""
     # deps: none
     # VAL: VAL_NON_EMPTY(attribute, exc=ResourceError)
-    # >>> generated VAL_NON_EMPTY #0ea5ae3f1a (edit the annotation, not this block)
-    if len(attribute) == 0:
-        raise ResourceError(f"attribute must not be empty, got {attribute!r}")
-    # <<< generated
+    check.non_empty("attribute", attribute, exc=ResourceError)  # generated #3638195226
     # AST: AST_PRECONDITION(url.startswith(("http://", "https://")), got=url, msg="url is http(s)", exc=ResourceError)
-    # >>> generated AST_PRECONDITION #d391a4de63 (edit the annotation, not this block)
-    if not (url.startswith(('http://', 'https://'))):
-        raise ResourceError(f"Pre-condition: url is http(s), got {url!r}")
-    # <<< generated
+    check.precondition(url.startswith(("http://", "https://")), "url is http(s)", got=url, exc=ResourceError)  # generated #24e60dbe7f
     # VAL: VAL_TIMEOUT(timeout, exc=ResourceError)
-    # >>> generated VAL_TIMEOUT #1a53c8063d (edit the annotation, not this block)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
-        raise ResourceError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
-    # <<< generated
+    check.timeout("timeout", timeout, exc=ResourceError)  # generated #db0d52c256
     # VAL: VAL_INT_RANGE(retries, min=0, max=100, exc=ResourceError)
-    # >>> generated VAL_INT_RANGE #ff205daf44 (edit the annotation, not this block)
-    if isinstance(retries, bool) or not isinstance(retries, int) or not (0 <= retries <= 100):
-        raise ResourceError(f"retries must be an integer in [{ 0 }, { 100 }], got {retries!r}")
-    # <<< generated
+    check.int_range("retries", retries, min=0, max=100, exc=ResourceError)  # generated #b572bd3688
     # VAL: VAL_NON_NEGATIVE(backoff, exc=ResourceError)
-    # >>> generated VAL_NON_NEGATIVE #ecd7bd0f12 (edit the annotation, not this block)
-    if not backoff >= 0:
-        raise ResourceError(f"backoff must be >= 0, got {backoff!r}")
-    # <<< generated
+    check.non_negative("backoff", backoff, exc=ResourceError)  # generated #a46bfb2008
     # VAL: VAL_ONE_OF(mode, choices=DISPATCH_MODES, exc=ResourceError)
-    # >>> generated VAL_ONE_OF #d283372747 (edit the annotation, not this block)
-    if mode not in DISPATCH_MODES:
-        raise ResourceError(f"mode must be one of {sorted(DISPATCH_MODES, key=repr)!r}, got {mode!r}")
-    # <<< generated
+    check.one_of("mode", mode, DISPATCH_MODES, exc=ResourceError)  # generated #89b950d2c1
     spec = DispatchSpec(mode, serverless=ServerlessSpec(attribute, url, float(timeout), retries, float(backoff),
                                                         dict(headers) if headers else None))
 

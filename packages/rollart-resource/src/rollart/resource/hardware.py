@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from rollart.resource import checks as check
 from rollart.resource.errors import ResourceError, UnknownHardwareError
 
 __all__ = ["BUILTIN_HARDWARE", "HardwareCatalogue", "HardwareSpec"]
@@ -53,59 +54,29 @@ class HardwareSpec:
         """Reject specs that would make a roofline estimate meaningless (NaN, negative, zero compute)."""
         # deps: none
         # VAL: VAL_TYPE(self.name, str, exc=ResourceError)
-        # >>> generated VAL_TYPE #e3a07552d6 (edit the annotation, not this block)
-        if not isinstance(self.name, str):
-            raise ResourceError(f"self.name must be of type str, got {type(self.name).__name__} {self.name!r}")
-        # <<< generated
+        check.of_type("name", self.name, str, exc=ResourceError)  # generated #0a2fb9cce2
         # VAL: VAL_NON_EMPTY(self.name, exc=ResourceError)
-        # >>> generated VAL_NON_EMPTY #807a63f98f (edit the annotation, not this block)
-        if len(self.name) == 0:
-            raise ResourceError(f"self.name must not be empty, got {self.name!r}")
-        # <<< generated
+        check.non_empty("name", self.name, exc=ResourceError)  # generated #129505c07b
         # VAL: VAL_POSITIVE(self.tflops_bf16, exc=ResourceError)
-        # >>> generated VAL_POSITIVE #0eea42b751 (edit the annotation, not this block)
-        if not self.tflops_bf16 > 0:
-            raise ResourceError(f"self.tflops_bf16 must be > 0, got {self.tflops_bf16!r}")
-        # <<< generated
+        check.positive("tflops_bf16", self.tflops_bf16, exc=ResourceError)  # generated #774cfba275
         # VAL: VAL_NON_NEGATIVE(self.hbm_gb, exc=ResourceError)
-        # >>> generated VAL_NON_NEGATIVE #45fa9e5034 (edit the annotation, not this block)
-        if not self.hbm_gb >= 0:
-            raise ResourceError(f"self.hbm_gb must be >= 0, got {self.hbm_gb!r}")
-        # <<< generated
+        check.non_negative("hbm_gb", self.hbm_gb, exc=ResourceError)  # generated #824a69e2e9
         # VAL: VAL_NON_NEGATIVE(self.hbm_tbps, exc=ResourceError)
-        # >>> generated VAL_NON_NEGATIVE #59ddd1170d (edit the annotation, not this block)
-        if not self.hbm_tbps >= 0:
-            raise ResourceError(f"self.hbm_tbps must be >= 0, got {self.hbm_tbps!r}")
-        # <<< generated
+        check.non_negative("hbm_tbps", self.hbm_tbps, exc=ResourceError)  # generated #816bd68d0a
         # VAL: VAL_NON_NEGATIVE(self.interconnect_gbps, exc=ResourceError)
-        # >>> generated VAL_NON_NEGATIVE #f5ba5ffbd7 (edit the annotation, not this block)
-        if not self.interconnect_gbps >= 0:
-            raise ResourceError(f"self.interconnect_gbps must be >= 0, got {self.interconnect_gbps!r}")
-        # <<< generated
+        check.non_negative("interconnect_gbps", self.interconnect_gbps, exc=ResourceError)  # generated #9f9dadd460
         # VAL: VAL_POSITIVE(self.cost, exc=ResourceError)
-        # >>> generated VAL_POSITIVE #39cf80fb1f (edit the annotation, not this block)
-        if not self.cost > 0:
-            raise ResourceError(f"self.cost must be > 0, got {self.cost!r}")
-        # <<< generated
+        check.positive("cost", self.cost, exc=ResourceError)  # generated #1df28c0a91
         # VAL: VAL_POSITIVE(self.network_gbps, exc=ResourceError)
-        # >>> generated VAL_POSITIVE #9913000579 (edit the annotation, not this block)
-        if not self.network_gbps > 0:
-            raise ResourceError(f"self.network_gbps must be > 0, got {self.network_gbps!r}")
-        # <<< generated
+        check.positive("network_gbps", self.network_gbps, exc=ResourceError)  # generated #f3917e361a
         # VAL: VAL_INT_RANGE(self.gpus_per_node, min=1, max=1024, exc=ResourceError)
-        # >>> generated VAL_INT_RANGE #7aebdaf55d (edit the annotation, not this block)
-        if isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int) or not (1 <= self.gpus_per_node <= 1024):
-            raise ResourceError(f"self.gpus_per_node must be an integer in [{ 1 }, { 1024 }], got {self.gpus_per_node!r}")
-        # <<< generated
+        check.int_range("gpus_per_node", self.gpus_per_node, min=1, max=1024, exc=ResourceError)  # generated #91c74c2217
 
     def collective_gbps(self, devices: int) -> float:
         """Per-device bandwidth of a ring over `devices` of this type: NVLink inside a node, the NIC beyond."""
         # deps: none
         # VAL: VAL_INT_RANGE(devices, min=1, max=1 << 20, exc=ResourceError)
-        # >>> generated VAL_INT_RANGE #113ed0d83a (edit the annotation, not this block)
-        if isinstance(devices, bool) or not isinstance(devices, int) or not (1 <= devices <= 1 << 20):
-            raise ResourceError(f"devices must be an integer in [{ 1 }, { 1 << 20 }], got {devices!r}")
-        # <<< generated
+        check.int_range("devices", devices, min=1, max=1 << 20, exc=ResourceError)  # generated #800d752ce4
         if devices <= self.gpus_per_node:
             return self.interconnect_gbps
         return min(self.interconnect_gbps, self.network_gbps)
@@ -151,25 +122,16 @@ class HardwareCatalogue:
         """Look a type up; an unknown name is an error that lists the known ones."""
         # deps: none
         # VAL: VAL_ONE_OF(name, choices=self._specs, exc=UnknownHardwareError)
-        # >>> generated VAL_ONE_OF #c46fd1d2fa (edit the annotation, not this block)
-        if name not in self._specs:
-            raise UnknownHardwareError(f"name must be one of {sorted(self._specs, key=repr)!r}, got {name!r}")
-        # <<< generated
+        check.one_of("name", name, self._specs, exc=UnknownHardwareError)  # generated #62d704e053
         return self._specs[name]
 
     def register(self, spec: HardwareSpec) -> None:
         """Add a user-defined type; re-registering the same spec is a no-op, a different one an error."""
         # deps: none
         # VAL: VAL_TYPE(spec, HardwareSpec, exc=ResourceError)
-        # >>> generated VAL_TYPE #ce17214705 (edit the annotation, not this block)
-        if not isinstance(spec, HardwareSpec):
-            raise ResourceError(f"spec must be of type HardwareSpec, got {type(spec).__name__} {spec!r}")
-        # <<< generated
+        check.of_type("spec", spec, HardwareSpec, exc=ResourceError)  # generated #692ffd82b1
         # AST: AST_PRECONDITION(self._specs.get(spec.name, spec) == spec, got=spec.name, msg="a hardware name is registered with one spec only", exc=ResourceError)
-        # >>> generated AST_PRECONDITION #1d522e5347 (edit the annotation, not this block)
-        if not (self._specs.get(spec.name, spec) == spec):
-            raise ResourceError(f"Pre-condition: a hardware name is registered with one spec only, got {spec.name!r}")
-        # <<< generated
+        check.precondition(self._specs.get(spec.name, spec) == spec, "a hardware name is registered with one spec only", got=spec.name, exc=ResourceError)  # generated #efa3e709ba
         self._specs[spec.name] = spec
 
     def names(self) -> tuple[str, ...]:

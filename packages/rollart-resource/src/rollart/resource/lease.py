@@ -21,6 +21,7 @@ import socket
 import uuid
 from pathlib import Path
 
+from rollart.resource import checks as check
 from rollart.resource.errors import ResourceError
 
 __all__ = ["ControllerLock", "ControllerLockHeld", "StaleController", "controller_identity"]
@@ -56,10 +57,7 @@ class ControllerLock:
         """
         # deps: ControllerLock.holder
         # AST: AST_PRECONDITION(self._fd is None, got=str(self.path), msg="this lock is not held already", exc=ResourceError)
-        # >>> generated AST_PRECONDITION #b66fcedf76 (edit the annotation, not this block)
-        if not (self._fd is None):
-            raise ResourceError(f"Pre-condition: this lock is not held already, got {str(self.path)!r}")
-        # <<< generated
+        check.precondition(self._fd is None, "this lock is not held already", got_lazy=lambda: str(self.path), exc=ResourceError)  # generated #5240324468
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
+from rollart.resource import checks as check
 from rollart.resource.errors import ResourceError
 
 __all__ = [
@@ -126,57 +127,26 @@ def validate_transition(kind: str, from_role: str, to_role: str, devices: Sequen
     """
     # deps: none
     # VAL: VAL_ONE_OF(kind, choices=("shrink", "expand"), exc=ResourceError)
-    # >>> generated VAL_ONE_OF #5d40d279cd (edit the annotation, not this block)
-    if kind not in ('shrink', 'expand'):
-        raise ResourceError(f"kind must be one of {sorted(('shrink', 'expand'), key=repr)!r}, got {kind!r}")
-    # <<< generated
+    check.one_of("kind", kind, ("shrink", "expand"), exc=ResourceError)  # generated #ce6ad99c41
     # VAL: VAL_ONE_OF(from_role, choices=TRANSITION_ROLES, exc=ResourceError)
-    # >>> generated VAL_ONE_OF #0173521034 (edit the annotation, not this block)
-    if from_role not in TRANSITION_ROLES:
-        raise ResourceError(f"from_role must be one of {sorted(TRANSITION_ROLES, key=repr)!r}, got {from_role!r}")
-    # <<< generated
+    check.one_of("from_role", from_role, TRANSITION_ROLES, exc=ResourceError)  # generated #c92ff01ad2
     # VAL: VAL_ONE_OF(to_role, choices=TRANSITION_ROLES, exc=ResourceError)
-    # >>> generated VAL_ONE_OF #7c9f43e51b (edit the annotation, not this block)
-    if to_role not in TRANSITION_ROLES:
-        raise ResourceError(f"to_role must be one of {sorted(TRANSITION_ROLES, key=repr)!r}, got {to_role!r}")
-    # <<< generated
+    check.one_of("to_role", to_role, TRANSITION_ROLES, exc=ResourceError)  # generated #b2b3a75a68
     # AST: AST_PRECONDITION(from_role != to_role, got=to_role, msg="to_role differs from from_role", exc=ResourceError)
-    # >>> generated AST_PRECONDITION #9cdc8e38f7 (edit the annotation, not this block)
-    if not (from_role != to_role):
-        raise ResourceError(f"Pre-condition: to_role differs from from_role, got {to_role!r}")
-    # <<< generated
+    check.precondition(from_role != to_role, "to_role differs from from_role", got=to_role, exc=ResourceError)  # generated #3c2c01a305
     devices = list(devices)
     # VAL: VAL_NON_EMPTY(devices, exc=ResourceError)
-    # >>> generated VAL_NON_EMPTY #5d875ad592 (edit the annotation, not this block)
-    if len(devices) == 0:
-        raise ResourceError(f"devices must not be empty, got {devices!r}")
-    # <<< generated
+    check.non_empty("devices", devices, exc=ResourceError)  # generated #dee40652f9
     # VAL: VAL_UNIQUE(devices, exc=ResourceError)
-    # >>> generated VAL_UNIQUE #255f333461 (edit the annotation, not this block)
-    _val_seen: set = set()
-    _val_dups = [_val_item for _val_item in devices if _val_item in _val_seen or _val_seen.add(_val_item)]
-    if _val_dups:
-        raise ResourceError(f"devices must have unique elements, duplicates {_val_dups!r} in {devices!r}")
-    # <<< generated
+    check.unique("devices", devices, exc=ResourceError)  # generated #f8e273233a
     # VAL: VAL_SUBSET(devices, of=ledger, exc=ResourceError)
-    # >>> generated VAL_SUBSET #f6e7d12088 (edit the annotation, not this block)
-    _val_extra = [_val_item for _val_item in devices if _val_item not in ledger]
-    if _val_extra:
-        raise ResourceError(f"devices must be a subset of {sorted(ledger, key=repr)!r}; not allowed: {_val_extra!r}")
-    # <<< generated
+    check.subset("devices", devices, of=ledger, exc=ResourceError)  # generated #a14586f71b
     owned = sorted(d for d, rec in ledger.items() if rec.role == from_role)
     try:
         # VAL: VAL_SUBSET(devices, of=owned, exc=ResourceError)
-        # >>> generated VAL_SUBSET #b6f4c771f3 (edit the annotation, not this block)
-        _val_extra = [_val_item for _val_item in devices if _val_item not in owned]
-        if _val_extra:
-            raise ResourceError(f"devices must be a subset of {sorted(owned, key=repr)!r}; not allowed: {_val_extra!r}")
-        # <<< generated
+        check.subset("devices", devices, of=owned, exc=ResourceError)  # generated #e72e19808a
     except ResourceError as exc:
         raise ResourceError(f"{exc} (those devices are not held by from_role={from_role!r})") from None
     # AST: AST_PRECONDITION(kind != "shrink" or len(owned) > len(devices), got=owned, msg="a shrink leaves its source role at least one device", exc=ResourceError)
-    # >>> generated AST_PRECONDITION #4abe4df08a (edit the annotation, not this block)
-    if not (kind != 'shrink' or len(owned) > len(devices)):
-        raise ResourceError(f"Pre-condition: a shrink leaves its source role at least one device, got {owned!r}")
-    # <<< generated
+    check.precondition(kind != "shrink" or len(owned) > len(devices), "a shrink leaves its source role at least one device", got=owned, exc=ResourceError)  # generated #45dea3bb68
     return tuple(sorted(devices))

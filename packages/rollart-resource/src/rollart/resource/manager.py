@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rollart.resource import checks as check
 from rollart.resource.errors import ResourceError, UnknownHardwareError
 from rollart.resource.hardware import HardwareCatalogue
 from rollart.resource.hooks import call_hook
@@ -54,45 +55,22 @@ def validate_pool_spec(pool: Mapping[str, Iterable[int]], catalogue: HardwareCat
     """
     # deps: HardwareCatalogue.get
     # VAL: VAL_NON_EMPTY(pool, exc=ResourceError)
-    # >>> generated VAL_NON_EMPTY #df80c6b4e8 (edit the annotation, not this block)
-    if len(pool) == 0:
-        raise ResourceError(f"pool must not be empty, got {pool!r}")
-    # <<< generated
+    check.non_empty("pool", pool, exc=ResourceError)  # generated #ad3b60a10a
     # VAL: VAL_SUBSET(pool, of=catalogue, exc=UnknownHardwareError)
-    # >>> generated VAL_SUBSET #2d695adbff (edit the annotation, not this block)
-    _val_extra = [_val_item for _val_item in pool if _val_item not in catalogue]
-    if _val_extra:
-        raise UnknownHardwareError(f"pool must be a subset of {sorted(catalogue, key=repr)!r}; not allowed: {_val_extra!r}")
-    # <<< generated
+    check.subset("pool", pool, of=catalogue, exc=UnknownHardwareError)  # generated #5895aa8a4e
     seen: list[int] = []
     result: dict[str, tuple[int, ...]] = {}
     for hw, raw in pool.items():
         ids = list(raw)
         try:
             # VAL: VAL_NON_EMPTY(ids, exc=ResourceError)
-            # >>> generated VAL_NON_EMPTY #75ab63ee4b (edit the annotation, not this block)
-            if len(ids) == 0:
-                raise ResourceError(f"ids must not be empty, got {ids!r}")
-            # <<< generated
+            check.non_empty("ids", ids, exc=ResourceError)  # generated #8b570db4b8
             # VAL: VAL_INT_RANGE(ids, min=0, max=2**31 - 1, each=True, exc=ResourceError)
-            # >>> generated VAL_INT_RANGE #ff2be34696 (edit the annotation, not this block)
-            for _val_item in ids:
-                if isinstance(_val_item, bool) or not isinstance(_val_item, int) or not (0 <= _val_item <= 2 ** 31 - 1):
-                    raise ResourceError(f"ids must contain only integers in [{ 0 }, { 2 ** 31 - 1 }], got {_val_item!r} in {ids!r}")
-            # <<< generated
+            check.int_range_each("ids", ids, min=0, max=2**31 - 1, exc=ResourceError)  # generated #cb46d04703
             # VAL: VAL_UNIQUE(ids, exc=ResourceError)
-            # >>> generated VAL_UNIQUE #d132e763f9 (edit the annotation, not this block)
-            _val_seen: set = set()
-            _val_dups = [_val_item for _val_item in ids if _val_item in _val_seen or _val_seen.add(_val_item)]
-            if _val_dups:
-                raise ResourceError(f"ids must have unique elements, duplicates {_val_dups!r} in {ids!r}")
-            # <<< generated
+            check.unique("ids", ids, exc=ResourceError)  # generated #15bef9b228
             # VAL: VAL_DISJOINT(ids, other=seen, exc=ResourceError)
-            # >>> generated VAL_DISJOINT #91ef9d99f9 (edit the annotation, not this block)
-            _val_common = set(ids) & set(seen)
-            if _val_common:
-                raise ResourceError(f"ids and seen must be disjoint, both contain {sorted(_val_common, key=repr)!r}")
-            # <<< generated
+            check.disjoint("ids", ids, "seen", seen, exc=ResourceError)  # generated #94d80aad9a
             pass
         except ResourceError as exc:
             raise ResourceError(f"pool[{hw!r}]: {exc}") from None
@@ -153,18 +131,11 @@ class ResourceManager:
             self._store.acquire_controller(self.holder)
             self._published = self._store.last_event_seq()  # subscribers get events recorded from now on
             # AST: AST_PRECONDITION(pool is not None or bool(self._store.devices()), got=pool, msg="a pool spec is given or the store already holds one", exc=ResourceError)
-            # >>> generated AST_PRECONDITION #f7b3ab5b0b (edit the annotation, not this block)
-            if not (pool is not None or bool(self._store.devices())):
-                raise ResourceError(f"Pre-condition: a pool spec is given or the store already holds one, got {pool!r}")
-            # <<< generated
+            check.precondition(pool is not None or bool(self._store.devices()), "a pool spec is given or the store already holds one", got=pool, exc=ResourceError)  # generated #97597c3488
             stored_types = sorted({rec.hw for rec in self._store.devices().values()})
             try:
                 # VAL: VAL_SUBSET(stored_types, of=self._catalogue, exc=UnknownHardwareError)
-                # >>> generated VAL_SUBSET #933c8a4c98 (edit the annotation, not this block)
-                _val_extra = [_val_item for _val_item in stored_types if _val_item not in self._catalogue]
-                if _val_extra:
-                    raise UnknownHardwareError(f"stored_types must be a subset of {sorted(self._catalogue, key=repr)!r}; not allowed: {_val_extra!r}")
-                # <<< generated
+                check.subset("stored_types", stored_types, of=self._catalogue, exc=UnknownHardwareError)  # generated #d01ecbd8fe
                 pass
             except UnknownHardwareError as exc:
                 raise UnknownHardwareError(
@@ -229,30 +200,15 @@ class ResourceManager:
         pool_types = list(dict.fromkeys(rec.hw for rec in ledger.values()))
         held_roles = {rec.role for rec in ledger.values() if rec.owner == owner}
         # VAL: VAL_NON_EMPTY(owner, exc=ResourceError)
-        # >>> generated VAL_NON_EMPTY #25e1418a9c (edit the annotation, not this block)
-        if len(owner) == 0:
-            raise ResourceError(f"owner must not be empty, got {owner!r}")
-        # <<< generated
+        check.non_empty("owner", owner, exc=ResourceError)  # generated #a733878f01
         # VAL: VAL_ONE_OF(role, choices=TRANSITION_ROLES, exc=ResourceError)
-        # >>> generated VAL_ONE_OF #3e042887cb (edit the annotation, not this block)
-        if role not in TRANSITION_ROLES:
-            raise ResourceError(f"role must be one of {sorted(TRANSITION_ROLES, key=repr)!r}, got {role!r}")
-        # <<< generated
+        check.one_of("role", role, TRANSITION_ROLES, exc=ResourceError)  # generated #7fbd1c5285
         # VAL: VAL_INT_RANGE(count, min=1, max=len(ledger), exc=ResourceError)
-        # >>> generated VAL_INT_RANGE #93401daff2 (edit the annotation, not this block)
-        if isinstance(count, bool) or not isinstance(count, int) or not (1 <= count <= len(ledger)):
-            raise ResourceError(f"count must be an integer in [{ 1 }, { len(ledger) }], got {count!r}")
-        # <<< generated
+        check.int_range("count", count, min=1, max=len(ledger), exc=ResourceError)  # generated #41bb19dc1b
         # AST: AST_PRECONDITION(hw is None or hw in pool_types, got=hw, msg="hw is a type in this pool", exc=UnknownHardwareError)
-        # >>> generated AST_PRECONDITION #fc11ddc9ee (edit the annotation, not this block)
-        if not (hw is None or hw in pool_types):
-            raise UnknownHardwareError(f"Pre-condition: hw is a type in this pool, got {hw!r}")
-        # <<< generated
+        check.precondition(hw is None or hw in pool_types, "hw is a type in this pool", got=hw, exc=UnknownHardwareError)  # generated #5376c40fea
         # AST: AST_PRECONDITION(not held_roles or role in held_roles, got=held_roles, msg="an owner allocates for the role it holds", exc=ResourceError)
-        # >>> generated AST_PRECONDITION #f3602bd2d0 (edit the annotation, not this block)
-        if not (not held_roles or role in held_roles):
-            raise ResourceError(f"Pre-condition: an owner allocates for the role it holds, got {held_roles!r}")
-        # <<< generated
+        check.precondition(not held_roles or role in held_roles, "an owner allocates for the role it holds", got=held_roles, exc=ResourceError)  # generated #6093dde093
         free: dict[str, list[int]] = {t: [] for t in pool_types}
         for rec in ledger.values():
             if rec.role == "free":
@@ -271,10 +227,7 @@ class ResourceManager:
         """Return an owner's devices (all or some) to the free pool and record the event."""
         # deps: MetadataStore.release, ResourceManager.record_event
         # VAL: VAL_NON_EMPTY(owner, exc=ResourceError)
-        # >>> generated VAL_NON_EMPTY #25e1418a9c (edit the annotation, not this block)
-        if len(owner) == 0:
-            raise ResourceError(f"owner must not be empty, got {owner!r}")
-        # <<< generated
+        check.non_empty("owner", owner, exc=ResourceError)  # generated #a733878f01
         freed = self._store.release(owner, devices, event=self._draft("released", {"owner": owner}))
         self._publish()
         return freed
@@ -300,10 +253,7 @@ class ResourceManager:
         """
         # deps: validate_transition, MetadataStore.begin_transition, MetadataStore.set_phase, MetadataStore.commit_transition
         # VAL: VAL_TIMEOUT(timeout, exc=ResourceError)
-        # >>> generated VAL_TIMEOUT #1a53c8063d (edit the annotation, not this block)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
-            raise ResourceError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
-        # <<< generated
+        check.timeout("timeout", timeout, exc=ResourceError)  # generated #db0d52c256
         return await self._run_transition("shrink", from_role, to_role, devices, timeout)
 
     async def expand(self, from_role: str, to_role: str, devices: Sequence[int], *, timeout: float = 60.0) -> Transition:
@@ -314,10 +264,7 @@ class ResourceManager:
         """
         # deps: validate_transition, MetadataStore.begin_transition, MetadataStore.set_phase, MetadataStore.commit_transition
         # VAL: VAL_TIMEOUT(timeout, exc=ResourceError)
-        # >>> generated VAL_TIMEOUT #1a53c8063d (edit the annotation, not this block)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
-            raise ResourceError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
-        # <<< generated
+        check.timeout("timeout", timeout, exc=ResourceError)  # generated #db0d52c256
         return await self._run_transition("expand", from_role, to_role, devices, timeout)
 
     async def _run_transition(self, kind: str, from_role: str, to_role: str, devices: Sequence[int],
@@ -419,10 +366,7 @@ class ResourceManager:
         """After a restart, finish or roll back the open transition (D3); returns it in its final phase."""
         # deps: MetadataStore.open_transition, MetadataStore.set_phase, MetadataStore.commit_transition
         # VAL: VAL_TIMEOUT(timeout, exc=ResourceError)
-        # >>> generated VAL_TIMEOUT #1a53c8063d (edit the annotation, not this block)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
-            raise ResourceError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
-        # <<< generated
+        check.timeout("timeout", timeout, exc=ResourceError)  # generated #db0d52c256
         pending = self._store.open_transition()
         if pending is None:
             return None
@@ -439,10 +383,7 @@ class ResourceManager:
             await self._notify("commit", pending, self._hooks, deadline)
             result = self._set_phase(pending, "completed")
         # AST: AST_POSTCONDITION(not self._store.open_transition(), got=self._store.open_transition(), msg="no transition is left open", exc=ResourceError)
-        # >>> generated AST_POSTCONDITION #50f09d596a (edit the annotation, not this block)
-        if not (not self._store.open_transition()):
-            raise ResourceError(f"Post-condition: no transition is left open, got {self._store.open_transition()!r}")
-        # <<< generated
+        check.postcondition(not self._store.open_transition(), "no transition is left open", got_lazy=lambda: self._store.open_transition(), exc=ResourceError)  # generated #fae0d184b1
         return result
 
     def pending_transition(self) -> Transition | None:
@@ -498,15 +439,9 @@ class ResourceManager:
         """Record a serverless endpoint (health unknown until reported)."""
         # deps: MetadataStore.put_service, ResourceManager.record_event
         # VAL: VAL_NON_EMPTY(name, exc=ResourceError)
-        # >>> generated VAL_NON_EMPTY #abb700a59d (edit the annotation, not this block)
-        if len(name) == 0:
-            raise ResourceError(f"name must not be empty, got {name!r}")
-        # <<< generated
+        check.non_empty("name", name, exc=ResourceError)  # generated #c14ca09b08
         # AST: AST_PRECONDITION(url.startswith(("http://", "https://")), got=url, msg="url is http(s)", exc=ResourceError)
-        # >>> generated AST_PRECONDITION #d391a4de63 (edit the annotation, not this block)
-        if not (url.startswith(('http://', 'https://'))):
-            raise ResourceError(f"Pre-condition: url is http(s), got {url!r}")
-        # <<< generated
+        check.precondition(url.startswith(("http://", "https://")), "url is http(s)", got=url, exc=ResourceError)  # generated #24e60dbe7f
         record = ServiceRecord(name, url, owner, "unknown", None)
         self._store.put_service(record, event=self._draft("service_registered",
                                                           {"name": name, "url": url, "owner": owner}))
@@ -519,10 +454,7 @@ class ResourceManager:
         services = {s.name: s for s in self._store.services()}
         known = list(services)
         # VAL: VAL_ONE_OF(name, choices=known, exc=ResourceError)
-        # >>> generated VAL_ONE_OF #710e40f161 (edit the annotation, not this block)
-        if name not in known:
-            raise ResourceError(f"name must be one of {sorted(known, key=repr)!r}, got {name!r}")
-        # <<< generated
+        check.one_of("name", name, known, exc=ResourceError)  # generated #5747fa6ba4
         old = services[name]
         record = ServiceRecord(name, old.url, old.owner, "healthy" if healthy else "unhealthy",
                                None if healthy else error)

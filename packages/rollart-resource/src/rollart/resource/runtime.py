@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from rollart.resource import checks as check
 from rollart.resource.errors import CallTimeout, PlacementTimeout, ResourceError, WorkerDiedError
 
 __all__ = ["LocalRuntime", "RayRuntime", "WorkerContext", "WorkerRuntime", "bundle_for"]
@@ -59,15 +60,9 @@ def bundle_for(hw: str, num_devices: int, cpus: float = 0.0) -> dict[str, float]
     """The placement-group bundle of one worker: a logical GPU per device plus the hardware-type resource."""
     # deps: none
     # VAL: VAL_NON_EMPTY(hw, exc=ResourceError)
-    # >>> generated VAL_NON_EMPTY #bb3e7a8c99 (edit the annotation, not this block)
-    if len(hw) == 0:
-        raise ResourceError(f"hw must not be empty, got {hw!r}")
-    # <<< generated
+    check.non_empty("hw", hw, exc=ResourceError)  # generated #964cc55dee
     # VAL: VAL_INT_RANGE(num_devices, min=1, max=1024, exc=ResourceError)
-    # >>> generated VAL_INT_RANGE #90fcb42897 (edit the annotation, not this block)
-    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or not (1 <= num_devices <= 1024):
-        raise ResourceError(f"num_devices must be an integer in [{ 1 }, { 1024 }], got {num_devices!r}")
-    # <<< generated
+    check.int_range("num_devices", num_devices, min=1, max=1024, exc=ResourceError)  # generated #6d8ec45d96
     if hw == CPU_TYPE:
         return {"CPU": float(num_devices) + cpus}
     bundle = {"GPU": float(num_devices), hw: float(num_devices)}
@@ -93,10 +88,7 @@ class LocalRuntime:
         """Construct the worker here; the timeout is unused but kept for the protocol."""
         # deps: none
         # VAL: VAL_TIMEOUT(timeout, exc=ResourceError)
-        # >>> generated VAL_TIMEOUT #1a53c8063d (edit the annotation, not this block)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
-            raise ResourceError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
-        # <<< generated
+        check.timeout("timeout", timeout, exc=ResourceError)  # generated #db0d52c256
         return _LocalHandle(worker_cls(context, *args, **dict(kwargs)), worker_cls, context, tuple(args), dict(kwargs))
 
     async def call(self, handle: Any, method: str, args: tuple, kwargs: Mapping[str, Any], *, timeout: float | None = None) -> Any:
@@ -157,10 +149,7 @@ class RayRuntime:
         """Ray must already be initialised by the caller (a test fixture or the CLI)."""
         # deps: none
         # VAL: VAL_NON_NEGATIVE(cpus_per_worker, exc=ResourceError)
-        # >>> generated VAL_NON_NEGATIVE #cf0d187092 (edit the annotation, not this block)
-        if not cpus_per_worker >= 0:
-            raise ResourceError(f"cpus_per_worker must be >= 0, got {cpus_per_worker!r}")
-        # <<< generated
+        check.non_negative("cpus_per_worker", cpus_per_worker, exc=ResourceError)  # generated #865e64641a
         self._cpus = float(cpus_per_worker)
         self._actor_classes: dict[type, Any] = {}
 
@@ -187,10 +176,7 @@ class RayRuntime:
         """Create the worker's placement group (bundle_for), wait for it, start the actor on it."""
         # deps: bundle_for
         # VAL: VAL_TIMEOUT(timeout, exc=ResourceError)
-        # >>> generated VAL_TIMEOUT #1a53c8063d (edit the annotation, not this block)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
-            raise ResourceError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
-        # <<< generated
+        check.timeout("timeout", timeout, exc=ResourceError)  # generated #db0d52c256
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
 

@@ -3,20 +3,24 @@
 Why httpx (design D9): one async client with a clean timeout model, already a dependency. The
 client is an async callable installed as a worker attribute by ``register_serverless``; it must
 pickle (Ray ships it to actors), so the HTTP connection pool is created lazily per event loop.
-Retries: transport errors, timeouts and 5xx are retried with exponential backoff; a 4xx is the
-caller's fault and is not retried. The endpoint contract is plain JSON POST -> JSON response.
+Retries: transport errors, timeouts and 5xx are retried with exponential backoff and equal jitter
+(the shared policy of `rollart.resource.retry`: clients that failed together do not retry together);
+a 4xx is the caller's fault and is not retried. The endpoint contract is plain JSON POST -> JSON response.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
 
+from rollart.resource import checks as check
 from rollart.resource.errors import ResourceError, ServerlessError
+from rollart.resource.retry import Backoff, retrying
 
 __all__ = ["ServerlessClient", "redact_url"]
 
@@ -53,29 +57,19 @@ class ServerlessClient:
         """
         # deps: none
         # VAL: VAL_TIMEOUT(timeout, exc=ResourceError)
-        # >>> generated VAL_TIMEOUT #1a53c8063d (edit the annotation, not this block)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
-            raise ResourceError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
-        # <<< generated
+        check.timeout("timeout", timeout, exc=ResourceError)  # generated #db0d52c256
         # VAL: VAL_INT_RANGE(retries, min=0, max=100, exc=ResourceError)
-        # >>> generated VAL_INT_RANGE #ff205daf44 (edit the annotation, not this block)
-        if isinstance(retries, bool) or not isinstance(retries, int) or not (0 <= retries <= 100):
-            raise ResourceError(f"retries must be an integer in [{ 0 }, { 100 }], got {retries!r}")
-        # <<< generated
+        check.int_range("retries", retries, min=0, max=100, exc=ResourceError)  # generated #b572bd3688
         # VAL: VAL_NON_NEGATIVE(backoff, exc=ResourceError)
-        # >>> generated VAL_NON_NEGATIVE #ecd7bd0f12 (edit the annotation, not this block)
-        if not backoff >= 0:
-            raise ResourceError(f"backoff must be >= 0, got {backoff!r}")
-        # <<< generated
+        check.non_negative("backoff", backoff, exc=ResourceError)  # generated #a46bfb2008
         # AST: AST_PRECONDITION(url.startswith(("http://", "https://")), got=url, msg="url must be an http(s) URL", exc=ResourceError)
-        # >>> generated AST_PRECONDITION #60086d8d6e (edit the annotation, not this block)
-        if not (url.startswith(('http://', 'https://'))):
-            raise ResourceError(f"Pre-condition: url must be an http(s) URL, got {url!r}")
-        # <<< generated
+        check.precondition(url.startswith(("http://", "https://")), "url must be an http(s) URL", got=url, exc=ResourceError)  # generated #f8fa014c8a
         self.url = url
         self.timeout = float(timeout)
         self.retries = retries
         self.backoff = float(backoff)
+        self._policy = Backoff(base_s=self.backoff, max_s=self.backoff * 2 ** max(retries - 1, 0), jitter="equal")
+        self._rng = random.Random()
         self.headers = dict(headers or {})
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -100,32 +94,30 @@ class ServerlessClient:
 
     async def __call__(self, payload: Any) -> Any:
         """POST payload as JSON and return the decoded JSON; retry transport errors, timeouts and 5xx."""
-        # deps: httpx.AsyncClient.post, asyncio.sleep
+        # deps: httpx.AsyncClient.post, retrying (rollart.resource.retry)
         client = self._http()
-        attempts = self.retries + 1
-        last = "no attempt made"
-        for attempt in range(1, attempts + 1):
-            try:
-                response = await asyncio.wait_for(client.post(self.url, json=payload), self.timeout)
-            except (TimeoutError, httpx.TimeoutException) as exc:
-                last = f"attempt timed out after timeout={self.timeout}s ({type(exc).__name__})"
-            except httpx.TransportError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-            else:
+        url = redact_url(self.url)
+        policy = retrying(self._policy, self._rng, retry_on=(_Failed,), max_attempts=self.retries + 1,
+                          give_up=lambda attempts, error: ServerlessError(url, attempts, str(error)))
+        async for attempt in policy:
+            with attempt:
+                number = attempt.retry_state.attempt_number
+                try:
+                    response = await asyncio.wait_for(client.post(self.url, json=payload), self.timeout)
+                except (TimeoutError, httpx.TimeoutException) as exc:
+                    raise _Failed(f"attempt timed out after timeout={self.timeout}s ({type(exc).__name__})") from exc
+                except httpx.TransportError as exc:
+                    raise _Failed(f"{type(exc).__name__}: {exc}") from exc
                 if response.status_code >= 500:
-                    last = f"HTTP {response.status_code}: {response.text[:200]}"
-                elif response.status_code >= 400:
-                    raise ServerlessError(redact_url(self.url), attempt, f"HTTP {response.status_code} is a client error, not "
-                                                             f"retried: {response.text[:200]}")
-                else:
-                    try:
-                        return response.json()
-                    except ValueError:
-                        raise ServerlessError(redact_url(self.url), attempt,
-                                              f"response is not JSON: {response.text[:200]!r}") from None
-            if attempt < attempts:
-                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
-        raise ServerlessError(redact_url(self.url), attempts, last)
+                    raise _Failed(f"HTTP {response.status_code}: {response.text[:200]}")
+                if response.status_code >= 400:
+                    raise ServerlessError(url, number, f"HTTP {response.status_code} is a client error, not "
+                                                       f"retried: {response.text[:200]}")
+                try:
+                    return response.json()
+                except ValueError:
+                    raise ServerlessError(url, number, f"response is not JSON: {response.text[:200]!r}") from None
+        raise AssertionError("unreachable: the retry loop returns or raises")
 
     async def aclose(self) -> None:
         """Close the HTTP pool (a later call opens a new one)."""
@@ -134,3 +126,7 @@ class ServerlessClient:
             await self._client.aclose()
         self._client = None
         self._loop = None
+
+
+class _Failed(Exception):
+    """One attempt failed in a way worth retrying (transport, timeout, 5xx); the message says how."""

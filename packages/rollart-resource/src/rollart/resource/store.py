@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from rollart.resource import checks as check
 from rollart.resource.errors import ResourceError, TransitionInFlight
 from rollart.resource.integrity import (
     APPLICATION_ID,
@@ -210,137 +211,79 @@ def _checked_row(table: str, row: tuple) -> tuple:
     """The row's values without its checksum, after checking the checksum."""
     *values, crc = row
     # VAL: VAL_CHECKSUM(crc, expected=row_checksum(table, *values), exc=BadRow)
-    # >>> generated VAL_CHECKSUM #c421c21e80 (edit the annotation, not this block)
-    if crc != row_checksum(table, *values):
-        raise BadRow(f"crc is {crc!r} but the data it covers checksums to {row_checksum(table, *values)!r}: the data or its checksum changed")
-    # <<< generated
+    check.checksum("crc", crc, row_checksum(table, *values), exc=BadRow)  # generated #e3acbf07e8
     return tuple(values)
 
 
 def _ids(text: str) -> tuple[int, ...]:
     ids = json.loads(text)
     # VAL: VAL_TYPE(ids, list, exc=BadRow)
-    # >>> generated VAL_TYPE #76a1ac8b94 (edit the annotation, not this block)
-    if not isinstance(ids, list):
-        raise BadRow(f"ids must be of type list, got {type(ids).__name__} {ids!r}")
-    # <<< generated
+    check.of_type("ids", ids, list, exc=BadRow)  # generated #5208261907
     # VAL: VAL_INT_RANGE(ids, min=0, max=2**31 - 1, each=True, exc=BadRow)
-    # >>> generated VAL_INT_RANGE #d1270aad6a (edit the annotation, not this block)
-    for _val_item in ids:
-        if isinstance(_val_item, bool) or not isinstance(_val_item, int) or not (0 <= _val_item <= 2 ** 31 - 1):
-            raise BadRow(f"ids must contain only integers in [{ 0 }, { 2 ** 31 - 1 }], got {_val_item!r} in {ids!r}")
-    # <<< generated
+    check.int_range_each("ids", ids, min=0, max=2**31 - 1, exc=BadRow)  # generated #2d735da989
     return tuple(ids)
 
 
 def _device_of(row: tuple) -> DeviceRecord:
     did, hw, role, owner = _checked_row("devices", row)
     # VAL: VAL_TYPE(hw, str, exc=BadRow)
-    # >>> generated VAL_TYPE #9cce3a5339 (edit the annotation, not this block)
-    if not isinstance(hw, str):
-        raise BadRow(f"hw must be of type str, got {type(hw).__name__} {hw!r}")
-    # <<< generated
+    check.of_type("hw", hw, str, exc=BadRow)  # generated #76b0765580
     # VAL: VAL_NON_EMPTY(hw, exc=BadRow)
-    # >>> generated VAL_NON_EMPTY #25e020d243 (edit the annotation, not this block)
-    if len(hw) == 0:
-        raise BadRow(f"hw must not be empty, got {hw!r}")
-    # <<< generated
+    check.non_empty("hw", hw, exc=BadRow)  # generated #381a6ddbc2
     # VAL: VAL_ONE_OF(role, choices=ROLES, exc=BadRow)
-    # >>> generated VAL_ONE_OF #61a2bf3a99 (edit the annotation, not this block)
-    if role not in ROLES:
-        raise BadRow(f"role must be one of {sorted(ROLES, key=repr)!r}, got {role!r}")
-    # <<< generated
+    check.one_of("role", role, ROLES, exc=BadRow)  # generated #17ad3d0bfd
     # AST: AST_INVARIANT((role == "free") == (owner is None), got=(role, owner), msg="a device is free iff it has no owner", exc=BadRow)
-    # >>> generated AST_INVARIANT #f9a28ac848 (edit the annotation, not this block)
-    if not ((role == 'free') == (owner is None)):
-        raise BadRow(f"Invariant: a device is free iff it has no owner, got {(role, owner)!r}")
-    # <<< generated
+    check.invariant((role == "free") == (owner is None), "a device is free iff it has no owner", got=(role, owner), exc=BadRow)  # generated #fb36c4f00f
     # AST: AST_INVARIANT(owner is None or (isinstance(owner, str) and owner != ""), got=owner, msg="an owner is a non-empty name", exc=BadRow)
-    # >>> generated AST_INVARIANT #6caa4f07fb (edit the annotation, not this block)
-    if not (owner is None or (isinstance(owner, str) and owner != '')):
-        raise BadRow(f"Invariant: an owner is a non-empty name, got {owner!r}")
-    # <<< generated
+    check.invariant(owner is None or (isinstance(owner, str) and owner != ""), "an owner is a non-empty name", got=owner, exc=BadRow)  # generated #7fbbb95703
     return DeviceRecord(did, hw, role, owner)
 
 
 def _transition_of(row: tuple) -> Transition:
     _seq, tid, kind, from_role, to_role, devices, phase, _reason, _epoch = _checked_row("transitions", row)
     # VAL: VAL_ONE_OF(kind, choices=("shrink", "expand"), exc=BadRow)
-    # >>> generated VAL_ONE_OF #549277cc72 (edit the annotation, not this block)
-    if kind not in ('shrink', 'expand'):
-        raise BadRow(f"kind must be one of {sorted(('shrink', 'expand'), key=repr)!r}, got {kind!r}")
-    # <<< generated
+    check.one_of("kind", kind, ("shrink", "expand"), exc=BadRow)  # generated #c3d5e2e120
     # VAL: VAL_ONE_OF(from_role, choices=TRANSITION_ROLES, exc=BadRow)
-    # >>> generated VAL_ONE_OF #593125ae45 (edit the annotation, not this block)
-    if from_role not in TRANSITION_ROLES:
-        raise BadRow(f"from_role must be one of {sorted(TRANSITION_ROLES, key=repr)!r}, got {from_role!r}")
-    # <<< generated
+    check.one_of("from_role", from_role, TRANSITION_ROLES, exc=BadRow)  # generated #7d740c1367
     # VAL: VAL_ONE_OF(to_role, choices=TRANSITION_ROLES, exc=BadRow)
-    # >>> generated VAL_ONE_OF #b479b2cc47 (edit the annotation, not this block)
-    if to_role not in TRANSITION_ROLES:
-        raise BadRow(f"to_role must be one of {sorted(TRANSITION_ROLES, key=repr)!r}, got {to_role!r}")
-    # <<< generated
+    check.one_of("to_role", to_role, TRANSITION_ROLES, exc=BadRow)  # generated #b9633501d2
     # VAL: VAL_ONE_OF(phase, choices=PHASES, exc=BadRow)
-    # >>> generated VAL_ONE_OF #0285aa137a (edit the annotation, not this block)
-    if phase not in PHASES:
-        raise BadRow(f"phase must be one of {sorted(PHASES, key=repr)!r}, got {phase!r}")
-    # <<< generated
+    check.one_of("phase", phase, PHASES, exc=BadRow)  # generated #44ed0f3fa9
     return Transition(tid, kind, from_role, to_role, _ids(devices), phase)
 
 
 def _event_of(row: tuple) -> Event:
     seq, kind, payload, at = _checked_row("events", row)
     # VAL: VAL_NON_EMPTY(kind, exc=BadRow)
-    # >>> generated VAL_NON_EMPTY #9f045d3abf (edit the annotation, not this block)
-    if len(kind) == 0:
-        raise BadRow(f"kind must not be empty, got {kind!r}")
-    # <<< generated
+    check.non_empty("kind", kind, exc=BadRow)  # generated #38f9ec144b
     # VAL: VAL_FINITE(at, exc=BadRow)
-    # >>> generated VAL_FINITE #9c0acc7a5a (edit the annotation, not this block)
-    if isinstance(at, bool) or not isinstance(at, (int, float)) or not (at - at == 0):
-        raise BadRow(f"at must be a finite number, got {at!r}")
-    # <<< generated
+    check.finite("at", at, exc=BadRow)  # generated #25eb71f5a0
     body = json.loads(payload)
     # VAL: VAL_TYPE(body, dict, exc=BadRow)
-    # >>> generated VAL_TYPE #c85564228b (edit the annotation, not this block)
-    if not isinstance(body, dict):
-        raise BadRow(f"body must be of type dict, got {type(body).__name__} {body!r}")
-    # <<< generated
+    check.of_type("body", body, dict, exc=BadRow)  # generated #2d45dfe813
     return Event(seq, kind, body, at)
 
 
 def _worker_of(row: tuple) -> WorkerRecord:
     wid, owner, rank, hw, devices, health, restarts = _checked_row("workers", row)
     # VAL: VAL_ONE_OF(health, choices=WORKER_HEALTH, exc=BadRow)
-    # >>> generated VAL_ONE_OF #a8d47507c9 (edit the annotation, not this block)
-    if health not in WORKER_HEALTH:
-        raise BadRow(f"health must be one of {sorted(WORKER_HEALTH, key=repr)!r}, got {health!r}")
-    # <<< generated
+    check.one_of("health", health, WORKER_HEALTH, exc=BadRow)  # generated #1d77a73fa7
     # VAL: VAL_INT_RANGE(rank, min=0, max=2**31 - 1, exc=BadRow)
-    # >>> generated VAL_INT_RANGE #b1d3e0abdb (edit the annotation, not this block)
-    if isinstance(rank, bool) or not isinstance(rank, int) or not (0 <= rank <= 2 ** 31 - 1):
-        raise BadRow(f"rank must be an integer in [{ 0 }, { 2 ** 31 - 1 }], got {rank!r}")
-    # <<< generated
+    check.int_range("rank", rank, min=0, max=2**31 - 1, exc=BadRow)  # generated #74afde493a
     return WorkerRecord(wid, owner, rank, hw, _ids(devices), health, restarts)
 
 
 def _service_of(row: tuple) -> ServiceRecord:
     name, url, owner, health, last_error = _checked_row("services", row)
     # VAL: VAL_ONE_OF(health, choices=SERVICE_HEALTH, exc=BadRow)
-    # >>> generated VAL_ONE_OF #8ffee2fbf6 (edit the annotation, not this block)
-    if health not in SERVICE_HEALTH:
-        raise BadRow(f"health must be one of {sorted(SERVICE_HEALTH, key=repr)!r}, got {health!r}")
-    # <<< generated
+    check.one_of("health", health, SERVICE_HEALTH, exc=BadRow)  # generated #51784e3604
     return ServiceRecord(name, url, owner, health, last_error)
 
 
 def _controller_of(row: tuple) -> tuple[int, str]:
     _id, epoch, holder = _checked_row("controller", row)
     # VAL: VAL_INT_RANGE(epoch, min=1, max=2**62, exc=BadRow)
-    # >>> generated VAL_INT_RANGE #0355f399f4 (edit the annotation, not this block)
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or not (1 <= epoch <= 2 ** 62):
-        raise BadRow(f"epoch must be an integer in [{ 1 }, { 2 ** 62 }], got {epoch!r}")
-    # <<< generated
+    check.int_range("epoch", epoch, min=1, max=2**62, exc=BadRow)  # generated #6442db0e92
     return epoch, holder
 
 
@@ -431,15 +374,9 @@ class SqliteMetadataStore:
         """
         # deps: migrate, check_file, SqliteMetadataStore.verify
         # VAL: VAL_TIMEOUT(busy_timeout, exc=ResourceError)
-        # >>> generated VAL_TIMEOUT #b07f3c10d8 (edit the annotation, not this block)
-        if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)) or not (busy_timeout - busy_timeout == 0) or not busy_timeout > 0:
-            raise ResourceError(f"busy_timeout must be a finite timeout > 0 seconds, got {busy_timeout!r}")
-        # <<< generated
+        check.timeout("busy_timeout", busy_timeout, exc=ResourceError)  # generated #cac9625f79
         # VAL: VAL_ONE_OF(synchronous, choices=SYNCHRONOUS, exc=ResourceError)
-        # >>> generated VAL_ONE_OF #0899db6ee9 (edit the annotation, not this block)
-        if synchronous not in SYNCHRONOUS:
-            raise ResourceError(f"synchronous must be one of {sorted(SYNCHRONOUS, key=repr)!r}, got {synchronous!r}")
-        # <<< generated
+        check.one_of("synchronous", synchronous, SYNCHRONOUS, exc=ResourceError)  # generated #90613314ea
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
@@ -574,10 +511,7 @@ class SqliteMetadataStore:
         """
         # deps: ControllerLock.acquire
         # VAL: VAL_NON_EMPTY(holder, exc=ResourceError)
-        # >>> generated VAL_NON_EMPTY #9ab39dbbf4 (edit the annotation, not this block)
-        if len(holder) == 0:
-            raise ResourceError(f"holder must not be empty, got {holder!r}")
-        # <<< generated
+        check.non_empty("holder", holder, exc=ResourceError)  # generated #aa15354e23
         if self.path != ":memory:" and self._lock is None:
             lock = ControllerLock(self.path)
             lock.acquire(holder)
@@ -609,16 +543,10 @@ class SqliteMetadataStore:
         """Create the device rows of a new pool, all free; refuses if rows exist already."""
         # deps: none
         # VAL: VAL_NON_EMPTY(devices, exc=ResourceError)
-        # >>> generated VAL_NON_EMPTY #5d875ad592 (edit the annotation, not this block)
-        if len(devices) == 0:
-            raise ResourceError(f"devices must not be empty, got {devices!r}")
-        # <<< generated
+        check.non_empty("devices", devices, exc=ResourceError)  # generated #dee40652f9
         with self._write(event) as conn:
             # AST: AST_PRECONDITION(not self.devices(), got=len(self.devices()), msg="the store has no devices yet", exc=ResourceError)
-            # >>> generated AST_PRECONDITION #88cbdaed56 (edit the annotation, not this block)
-            if not (not self.devices()):
-                raise ResourceError(f"Pre-condition: the store has no devices yet, got {len(self.devices())!r}")
-            # <<< generated
+            check.precondition(not self.devices(), "the store has no devices yet", got_lazy=lambda: len(self.devices()), exc=ResourceError)  # generated #fcfede9a56
             conn.executemany("INSERT INTO devices (id, hw, role, owner) VALUES (?, ?, 'free', NULL)",
                              [(d.id, d.hw) for d in devices])
 
@@ -626,29 +554,16 @@ class SqliteMetadataStore:
         """Bind free devices to an owner and role, checking they are free inside the write transaction."""
         # deps: none
         # VAL: VAL_NON_EMPTY(owner, exc=ResourceError)
-        # >>> generated VAL_NON_EMPTY #25e1418a9c (edit the annotation, not this block)
-        if len(owner) == 0:
-            raise ResourceError(f"owner must not be empty, got {owner!r}")
-        # <<< generated
+        check.non_empty("owner", owner, exc=ResourceError)  # generated #a733878f01
         # VAL: VAL_ONE_OF(role, choices=TRANSITION_ROLES, exc=ResourceError)
-        # >>> generated VAL_ONE_OF #3e042887cb (edit the annotation, not this block)
-        if role not in TRANSITION_ROLES:
-            raise ResourceError(f"role must be one of {sorted(TRANSITION_ROLES, key=repr)!r}, got {role!r}")
-        # <<< generated
+        check.one_of("role", role, TRANSITION_ROLES, exc=ResourceError)  # generated #7fbd1c5285
         devices = list(devices)
         # VAL: VAL_NON_EMPTY(devices, exc=ResourceError)
-        # >>> generated VAL_NON_EMPTY #5d875ad592 (edit the annotation, not this block)
-        if len(devices) == 0:
-            raise ResourceError(f"devices must not be empty, got {devices!r}")
-        # <<< generated
+        check.non_empty("devices", devices, exc=ResourceError)  # generated #dee40652f9
         with self._write(event) as conn:
             free = {d for d, rec in self.devices().items() if rec.role == "free"}
             # VAL: VAL_SUBSET(devices, of=free, exc=ResourceError)
-            # >>> generated VAL_SUBSET #e08164a1b4 (edit the annotation, not this block)
-            _val_extra = [_val_item for _val_item in devices if _val_item not in free]
-            if _val_extra:
-                raise ResourceError(f"devices must be a subset of {sorted(free, key=repr)!r}; not allowed: {_val_extra!r}")
-            # <<< generated
+            check.subset("devices", devices, of=free, exc=ResourceError)  # generated #3a721be890
             conn.executemany("UPDATE devices SET role = ?, owner = ? WHERE id = ?", [(role, owner, d) for d in devices])
 
     def release(self, owner: str, devices: Sequence[int] | None = None, *, event: EventDraft | None = None) -> tuple[int, ...]:
@@ -661,11 +576,7 @@ class SqliteMetadataStore:
             owned = [d for d, rec in self.devices().items() if rec.owner == owner]
             devices = owned if devices is None else list(devices)
             # VAL: VAL_SUBSET(devices, of=owned, exc=ResourceError)
-            # >>> generated VAL_SUBSET #b6f4c771f3 (edit the annotation, not this block)
-            _val_extra = [_val_item for _val_item in devices if _val_item not in owned]
-            if _val_extra:
-                raise ResourceError(f"devices must be a subset of {sorted(owned, key=repr)!r}; not allowed: {_val_extra!r}")
-            # <<< generated
+            check.subset("devices", devices, of=owned, exc=ResourceError)  # generated #e72e19808a
             pending = self.open_transition()
             if pending is not None and set(pending.devices) & set(devices):
                 raise TransitionInFlight(
@@ -681,10 +592,7 @@ class SqliteMetadataStore:
         """Insert a planned transition after revalidating it, atomically refusing if one is open."""
         # deps: validate_transition
         # AST: AST_PRECONDITION(transition.phase == "planned", got=transition.phase, msg="a new transition is planned", exc=ResourceError)
-        # >>> generated AST_PRECONDITION #0b09b7ec12 (edit the annotation, not this block)
-        if not (transition.phase == 'planned'):
-            raise ResourceError(f"Pre-condition: a new transition is planned, got {transition.phase!r}")
-        # <<< generated
+        check.precondition(transition.phase == "planned", "a new transition is planned", got=transition.phase, exc=ResourceError)  # generated #d4a1fb4523
         with self._write(event) as conn:
             pending = self.open_transition()
             if pending is not None:
@@ -703,17 +611,11 @@ class SqliteMetadataStore:
         """Move a transition along the state machine (not to committed: that is commit_transition)."""
         # deps: none
         # AST: AST_PRECONDITION(phase != "committed", got=phase, msg="commit goes through commit_transition", exc=ResourceError)
-        # >>> generated AST_PRECONDITION #cb1fd9ab5d (edit the annotation, not this block)
-        if not (phase != 'committed'):
-            raise ResourceError(f"Pre-condition: commit goes through commit_transition, got {phase!r}")
-        # <<< generated
+        check.precondition(phase != "committed", "commit goes through commit_transition", got=phase, exc=ResourceError)  # generated #864d20b0be
         with self._write(event) as conn:
             current = self._transition(transition_id)
             # VAL: VAL_STATE_TRANSITION(current.phase, phase, allowed=PHASE_MOVES, exc=ResourceError)
-            # >>> generated VAL_STATE_TRANSITION #88ed45f620 (edit the annotation, not this block)
-            if phase not in PHASE_MOVES.get(current.phase, ()):
-                raise ResourceError(f"illegal transition of current.phase: {current.phase!r} -> {phase!r}; allowed from {current.phase!r}: {sorted(PHASE_MOVES.get(current.phase, ()), key=repr)!r}")
-            # <<< generated
+            check.transition("current.phase", current.phase, phase, PHASE_MOVES, exc=ResourceError)  # generated #e7d9c1a179
             conn.execute("UPDATE transitions SET phase = ?, reason = COALESCE(?, reason), epoch = ? WHERE id = ?",
                          (phase, reason, self._epoch or 0, transition_id))
         return Transition(current.id, current.kind, current.from_role, current.to_role, current.devices, phase)
@@ -724,17 +626,11 @@ class SqliteMetadataStore:
         with self._write(event) as conn:
             current = self._transition(transition_id)
             # VAL: VAL_STATE_TRANSITION(current.phase, "committed", allowed=PHASE_MOVES, exc=ResourceError)
-            # >>> generated VAL_STATE_TRANSITION #01087d99d2 (edit the annotation, not this block)
-            if 'committed' not in PHASE_MOVES.get(current.phase, ()):
-                raise ResourceError(f"illegal transition of current.phase: {current.phase!r} -> {'committed'!r}; allowed from {current.phase!r}: {sorted(PHASE_MOVES.get(current.phase, ()), key=repr)!r}")
-            # <<< generated
+            check.transition("current.phase", current.phase, "committed", PHASE_MOVES, exc=ResourceError)  # generated #a23e477e02
             ledger = self.devices()
             moved = [d for d in current.devices if ledger[d].role == current.from_role]
             # AST: AST_INVARIANT(len(moved) == len(current.devices), got=current.devices, msg="every device of the transition still has its from_role", exc=ResourceError)
-            # >>> generated AST_INVARIANT #c01468e37a (edit the annotation, not this block)
-            if not (len(moved) == len(current.devices)):
-                raise ResourceError(f"Invariant: every device of the transition still has its from_role, got {current.devices!r}")
-            # <<< generated
+            check.invariant(len(moved) == len(current.devices), "every device of the transition still has its from_role", got=current.devices, exc=ResourceError)  # generated #b1561f28c8
             conn.executemany("UPDATE devices SET role = ? WHERE id = ?", [(current.to_role, d) for d in current.devices])
             conn.execute("UPDATE transitions SET phase = 'committed', epoch = ? WHERE id = ?",
                          (self._epoch or 0, transition_id))
@@ -762,10 +658,7 @@ class SqliteMetadataStore:
         """Insert or replace a worker row (health reports are idempotent upserts)."""
         # deps: none
         # VAL: VAL_ONE_OF(record.health, choices=WORKER_HEALTH, exc=ResourceError)
-        # >>> generated VAL_ONE_OF #dea2029666 (edit the annotation, not this block)
-        if record.health not in WORKER_HEALTH:
-            raise ResourceError(f"record.health must be one of {sorted(WORKER_HEALTH, key=repr)!r}, got {record.health!r}")
-        # <<< generated
+        check.one_of("record.health", record.health, WORKER_HEALTH, exc=ResourceError)  # generated #f6ba681bf2
         with self._write(event) as conn:
             conn.execute("INSERT OR REPLACE INTO workers (id, owner, rank, hw, devices, health, restarts) "
                          "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -783,10 +676,7 @@ class SqliteMetadataStore:
         """Insert or replace a service row."""
         # deps: none
         # VAL: VAL_ONE_OF(record.health, choices=SERVICE_HEALTH, exc=ResourceError)
-        # >>> generated VAL_ONE_OF #9647c9d2d4 (edit the annotation, not this block)
-        if record.health not in SERVICE_HEALTH:
-            raise ResourceError(f"record.health must be one of {sorted(SERVICE_HEALTH, key=repr)!r}, got {record.health!r}")
-        # <<< generated
+        check.one_of("record.health", record.health, SERVICE_HEALTH, exc=ResourceError)  # generated #4cdad7067c
         with self._write(event) as conn:
             conn.execute("INSERT OR REPLACE INTO services (name, url, owner, health, last_error) VALUES (?, ?, ?, ?, ?)",
                          (record.name, record.url, record.owner, record.health, record.last_error))
@@ -801,10 +691,7 @@ class SqliteMetadataStore:
         """Append to the event log; payload must be JSON-serialisable."""
         # deps: none
         # VAL: VAL_NON_EMPTY(kind, exc=ResourceError)
-        # >>> generated VAL_NON_EMPTY #023f6e95e2 (edit the annotation, not this block)
-        if len(kind) == 0:
-            raise ResourceError(f"kind must not be empty, got {kind!r}")
-        # <<< generated
+        check.non_empty("kind", kind, exc=ResourceError)  # generated #73471c46a6
         draft = EventDraft(kind, payload, at)
         with self._write():
             seq = self._insert_event(draft)
@@ -846,10 +733,7 @@ def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
     """Bring a database to the target schema version, one migration per transaction; returns the version."""
     # deps: MIGRATIONS
     # VAL: VAL_INT_RANGE(target, min=1, max=SCHEMA_VERSION, exc=ResourceError)
-    # >>> generated VAL_INT_RANGE #4fa105dc8e (edit the annotation, not this block)
-    if isinstance(target, bool) or not isinstance(target, int) or not (1 <= target <= SCHEMA_VERSION):
-        raise ResourceError(f"target must be an integer in [{ 1 }, { SCHEMA_VERSION }], got {target!r}")
-    # <<< generated
+    check.int_range("target", target, min=1, max=SCHEMA_VERSION, exc=ResourceError)  # generated #fc658e50cc
     install_checksum_function(conn)  # the v4 triggers call it
     current = conn.execute("PRAGMA user_version").fetchone()[0]
     if current > SCHEMA_VERSION:

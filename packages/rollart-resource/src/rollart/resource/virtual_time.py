@@ -29,6 +29,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from rollart.resource import checks as check
 from rollart.resource.errors import ResourceError
 
 __all__ = ["VirtualRun", "VirtualTimeLoop", "run_virtual"]
@@ -66,10 +67,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         super().__init__(selector=_JumpingSelector(self))
         try:
             # VAL: VAL_INT_RANGE(seed, min=0, max=2**63 - 1, exc=ResourceError)
-            # >>> generated VAL_INT_RANGE #c656ee0b16 (edit the annotation, not this block)
-            if isinstance(seed, bool) or not isinstance(seed, int) or not (0 <= seed <= 2 ** 63 - 1):
-                raise ResourceError(f"seed must be an integer in [{ 0 }, { 2 ** 63 - 1 }], got {seed!r}")
-            # <<< generated
+            check.int_range("seed", seed, min=0, max=2**63 - 1, exc=ResourceError)  # generated #567170a557
         except ResourceError:
             self.close()
             raise
@@ -85,10 +83,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         """Move the clock forward by `seconds` (the selector's jump; tests may call it too)."""
         # deps: none
         # VAL: VAL_NON_NEGATIVE(seconds, exc=ResourceError)
-        # >>> generated VAL_NON_NEGATIVE #7a5b5d02ab (edit the annotation, not this block)
-        if not seconds >= 0:
-            raise ResourceError(f"seconds must be >= 0, got {seconds!r}")
-        # <<< generated
+        check.non_negative("seconds", seconds, exc=ResourceError)  # generated #b40e919290
         self._virtual_now += seconds
 
     def _jump(self, timeout: float) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rollart.resource import checks as check
 from rollart.resource.errors import ResourceError
 from rollart.resource.runtime import WorkerContext
 
@@ -59,10 +60,7 @@ class Worker:
     def rollart_set_attribute(self, name: str, value: Any) -> None:
         """Let the cluster set an attribute remotely (register_serverless installs its client this way)."""
         # VAL: VAL_NON_EMPTY(name, exc=ResourceError)
-        # >>> generated VAL_NON_EMPTY #abb700a59d (edit the annotation, not this block)
-        if len(name) == 0:
-            raise ResourceError(f"name must not be empty, got {name!r}")
-        # <<< generated
+        check.non_empty("name", name, exc=ResourceError)  # generated #c14ca09b08
         setattr(self, name, value)
 
     def rollart_assigned_resources(self) -> dict[str, float]:

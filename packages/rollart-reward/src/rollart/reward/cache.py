@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from rollart.resource import checks as check
 from rollart.reward.errors import RewardError
 
 CLAIM_OUTCOMES = frozenset({"claimed", "done", "busy"})
@@ -58,15 +59,9 @@ class ResultCache:
     def __init__(self, path: str, owner: str) -> None:
         """Open (and create) the SQLite file; `owner` identifies this worker ("<pid>:<boot id>")."""
         # VAL: VAL_NON_EMPTY(path, exc=RewardError)
-        # >>> generated VAL_NON_EMPTY #d6a26eccc9 (edit the annotation, not this block)
-        if len(path) == 0:
-            raise RewardError(f"path must not be empty, got {path!r}")
-        # <<< generated
+        check.non_empty("path", path, exc=RewardError)  # generated #2a59aab263
         # VAL: VAL_NON_EMPTY(owner, exc=RewardError)
-        # >>> generated VAL_NON_EMPTY #867a840838 (edit the annotation, not this block)
-        if len(owner) == 0:
-            raise RewardError(f"owner must not be empty, got {owner!r}")
-        # <<< generated
+        check.non_empty("owner", owner, exc=RewardError)  # generated #e450da8d9a
         self.path = path
         self.owner = owner
         self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
@@ -78,17 +73,11 @@ class ResultCache:
     def claim(self, key: str) -> Claim:
         """Atomically claim `key`, or return its stored result, or say another live worker has it."""
         # VAL: VAL_NON_EMPTY(key, exc=RewardError)
-        # >>> generated VAL_NON_EMPTY #33bf89c810 (edit the annotation, not this block)
-        if len(key) == 0:
-            raise RewardError(f"key must not be empty, got {key!r}")
-        # <<< generated
+        check.non_empty("key", key, exc=RewardError)  # generated #acb163415b
         with self._lock:
             claim = self._claim_locked(key)
         # AST: AST_POSTCONDITION(claim.outcome in CLAIM_OUTCOMES, got=claim.outcome, exc=RewardError)
-        # >>> generated AST_POSTCONDITION #dde009d73b (edit the annotation, not this block)
-        if not (claim.outcome in CLAIM_OUTCOMES):
-            raise RewardError(f"Post-condition: claim.outcome in CLAIM_OUTCOMES, got {claim.outcome!r}")
-        # <<< generated
+        check.postcondition(claim.outcome in CLAIM_OUTCOMES, "claim.outcome in CLAIM_OUTCOMES", got=claim.outcome, exc=RewardError)  # generated #e4c75ca46e
         return claim
 
     def _claim_locked(self, key: str) -> Claim:
@@ -111,10 +100,7 @@ class ResultCache:
             db.execute("ROLLBACK")
             raise
         # AST: AST_POSTCONDITION(claim.outcome in CLAIM_OUTCOMES, got=claim.outcome, exc=RewardError)
-        # >>> generated AST_POSTCONDITION #dde009d73b (edit the annotation, not this block)
-        if not (claim.outcome in CLAIM_OUTCOMES):
-            raise RewardError(f"Post-condition: claim.outcome in CLAIM_OUTCOMES, got {claim.outcome!r}")
-        # <<< generated
+        check.postcondition(claim.outcome in CLAIM_OUTCOMES, "claim.outcome in CLAIM_OUTCOMES", got=claim.outcome, exc=RewardError)  # generated #e4c75ca46e
         return claim
 
     def complete(self, key: str, score: float, details: dict[str, Any]) -> bool:

@@ -8,8 +8,9 @@ left, and a batch not done by the deadline raises `RewardTimeoutError`.
 
 Why retry until the deadline (design D12): a service restart takes seconds, and connection errors
 are instant, so a fixed attempt count spent itself in a few seconds of backoff and gave up long
-before the deadline. Attempts are spaced by exponential backoff with equal jitter
-(`backoff_delay`), a 429's `Retry-After` is honoured, and `max_attempts` is only an optional cap.
+before the deadline. Attempts are spaced by the shared policy of `rollart.resource.retry`
+(exponential backoff with equal jitter, on tenacity), a 429's `Retry-After` is honoured, and
+`max_attempts` is only an optional cap.
 """
 
 from __future__ import annotations
@@ -22,22 +23,12 @@ from typing import Any
 import httpx
 
 from rollart.env.trajectory import Trajectory
+from rollart.resource import checks as check
+from rollart.resource.retry import Backoff, retrying
 from rollart.reward.errors import RewardAttemptsExhaustedError, RewardError, RewardRequestError, RewardTimeoutError
 from rollart.reward.protocol import RewardResult
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-
-
-def backoff_delay(attempt: int, base_s: float, max_s: float, rng: random.Random) -> float:
-    """The pause after failed attempt number `attempt` (1-based): exponential, capped, equal jitter.
-
-    Half of `min(max_s, base_s * 2**(attempt-1))` is fixed and half random, so clients that failed
-    together do not retry together, yet each pause keeps growing (unlike full jitter, which may
-    retry at once against a server that is still down).
-    """
-    # deps: random.Random.uniform
-    ceiling = min(max_s, base_s * 2 ** min(attempt - 1, 60))
-    return ceiling / 2 + rng.uniform(0, ceiling / 2)
 
 
 def idempotency_key(reward: str, trajectory: Trajectory) -> str:
@@ -61,37 +52,23 @@ class RewardClient:
         """`timeout_s` bounds one HTTP attempt; the per-call `deadline_s` bounds the whole batch, and
         `max_attempts` (None: no cap) optionally caps the attempts within it."""
         # AST: AST_PRECONDITION(base_url.startswith(("http://", "https://")), got=base_url, msg="base_url is http(s)", exc=RewardError)
-        # >>> generated AST_PRECONDITION #81868351f2 (edit the annotation, not this block)
-        if not (base_url.startswith(('http://', 'https://'))):
-            raise RewardError(f"Pre-condition: base_url is http(s), got {base_url!r}")
-        # <<< generated
+        check.precondition(base_url.startswith(("http://", "https://")), "base_url is http(s)", got=base_url, exc=RewardError)  # generated #8ed6e1e28a
         # VAL: VAL_TIMEOUT(timeout_s, exc=RewardError)
-        # >>> generated VAL_TIMEOUT #eddc96cf95 (edit the annotation, not this block)
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (timeout_s - timeout_s == 0) or not timeout_s > 0:
-            raise RewardError(f"timeout_s must be a finite timeout > 0 seconds, got {timeout_s!r}")
-        # <<< generated
+        check.timeout("timeout_s", timeout_s, exc=RewardError)  # generated #cc70f04010
         if max_attempts is not None:
             # VAL: VAL_INT_RANGE(max_attempts, min=1, max=1000000, exc=RewardError)
-            # >>> generated VAL_INT_RANGE #e8a5d6481a (edit the annotation, not this block)
-            if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not (1 <= max_attempts <= 1000000):
-                raise RewardError(f"max_attempts must be an integer in [{ 1 }, { 1000000 }], got {max_attempts!r}")
-            # <<< generated
+            check.int_range("max_attempts", max_attempts, min=1, max=1000000, exc=RewardError)  # generated #5fb611d0ca
         # VAL: VAL_NON_NEGATIVE(backoff_base_s, exc=RewardError)
-        # >>> generated VAL_NON_NEGATIVE #d64182e48f (edit the annotation, not this block)
-        if not backoff_base_s >= 0:
-            raise RewardError(f"backoff_base_s must be >= 0, got {backoff_base_s!r}")
-        # <<< generated
+        check.non_negative("backoff_base_s", backoff_base_s, exc=RewardError)  # generated #4f313a0d7a
         # VAL: VAL_NON_NEGATIVE(backoff_max_s, exc=RewardError)
-        # >>> generated VAL_NON_NEGATIVE #aa5af936ef (edit the annotation, not this block)
-        if not backoff_max_s >= 0:
-            raise RewardError(f"backoff_max_s must be >= 0, got {backoff_max_s!r}")
-        # <<< generated
+        check.non_negative("backoff_max_s", backoff_max_s, exc=RewardError)  # generated #33ef74722c
         self.base_url = base_url.rstrip("/")
         self.token = token
         self.timeout_s = timeout_s
         self.max_attempts = max_attempts
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
+        self.backoff = Backoff(base_s=backoff_base_s, max_s=backoff_max_s, jitter="equal")
         self._rng = random.Random(seed)
         self._http: httpx.AsyncClient | None = None
         self.attempts = 0
@@ -109,54 +86,49 @@ class RewardClient:
         """
         # deps: idempotency_key, RewardClient._post
         # VAL: VAL_TIMEOUT(deadline_s, exc=RewardError)
-        # >>> generated VAL_TIMEOUT #a1f84248b1 (edit the annotation, not this block)
-        if isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float)) or not (deadline_s - deadline_s == 0) or not deadline_s > 0:
-            raise RewardError(f"deadline_s must be a finite timeout > 0 seconds, got {deadline_s!r}")
-        # <<< generated
+        check.timeout("deadline_s", deadline_s, exc=RewardError)  # generated #4682918efd
         loop = asyncio.get_running_loop()
         deadline = loop.time() + deadline_s
         keys = [idempotency_key(reward, t) for t in trajectories]
         # VAL: VAL_UNIQUE(keys, exc=RewardError)
-        # >>> generated VAL_UNIQUE #25263f2597 (edit the annotation, not this block)
-        _val_seen: set = set()
-        _val_dups = [_val_item for _val_item in keys if _val_item in _val_seen or _val_seen.add(_val_item)]
-        if _val_dups:
-            raise RewardError(f"keys must have unique elements, duplicates {_val_dups!r} in {keys!r}")
-        # <<< generated
+        check.unique("keys", keys, exc=RewardError)  # generated #7b03952c54
         pending = dict(zip(keys, trajectories))
         done: dict[str, RewardResult] = {}
-        last_problem = "no attempt made"
-        attempt = 0
         start = loop.time()
-        while pending:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise RewardTimeoutError(
-                    f"deadline_s={deadline_s:g} reached: {len(pending)} of {len(keys)} items unscored after "
-                    f"{attempt} attempt(s) over {loop.time() - start:.1f} s; last problem: {last_problem}",
-                    attempts=attempt, elapsed_s=loop.time() - start, unscored=len(pending), last_problem=last_problem)
-            if self.max_attempts is not None and attempt >= self.max_attempts:
-                raise RewardAttemptsExhaustedError(
-                    f"max_attempts={self.max_attempts} reached with {remaining:.1f} s of deadline_s={deadline_s:g} "
-                    f"left: {len(pending)} of {len(keys)} items unscored; last problem: {last_problem}",
-                    attempts=attempt, elapsed_s=loop.time() - start, unscored=len(pending), last_problem=last_problem)
-            attempt += 1
-            retry_after = 0.0
-            try:
-                results = await self._post(reward, pending, remaining)
-            except (TimeoutError, httpx.TransportError, _Retryable) as exc:
-                last_problem = f"{type(exc).__name__}: {exc}"
-                retry_after = exc.retry_after if isinstance(exc, _Retryable) else 0.0
-            else:
+
+        def exhausted(attempts: int, error: BaseException) -> RewardAttemptsExhaustedError:
+            left = deadline - loop.time()
+            return RewardAttemptsExhaustedError(
+                f"max_attempts={self.max_attempts} reached with {left:.1f} s of deadline_s={deadline_s:g} "
+                f"left: {len(pending)} of {len(keys)} items unscored; last problem: {error}",
+                attempts=attempts, elapsed_s=loop.time() - start, unscored=len(pending), last_problem=str(error))
+
+        last_problem = "no attempt made"
+        policy = retrying(self.backoff, self._rng, retry_on=(_Unfinished,), max_attempts=self.max_attempts,
+                          deadline=deadline, min_pause=lambda error: getattr(error, "retry_after", 0.0), give_up=exhausted)
+        async for attempt in policy:
+            with attempt:
+                number = attempt.retry_state.attempt_number
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise RewardTimeoutError(
+                        f"deadline_s={deadline_s:g} reached: {len(pending)} of {len(keys)} items unscored after "
+                        f"{number - 1} attempt(s) over {loop.time() - start:.1f} s; last problem: {last_problem}",
+                        attempts=number - 1, elapsed_s=loop.time() - start, unscored=len(pending),
+                        last_problem=last_problem)
+                try:
+                    results = await self._post(reward, pending, remaining)
+                except (TimeoutError, httpx.TransportError, _Retryable) as exc:
+                    last_problem = f"{type(exc).__name__}: {exc}"
+                    raise _Unfinished(last_problem, exc.retry_after if isinstance(exc, _Retryable) else 0.0) from exc
                 for item in results:
                     if item["status"] == "ok" and item["key"] in pending:
                         done[item["key"]] = RewardResult(score=item["score"], details=item.get("details") or {})
                         del pending[item["key"]]
                     elif item["key"] in pending:
                         last_problem = f"item {item['key']}: {item['status']} {item.get('error') or ''}".strip()
-            if pending:
-                pause = max(retry_after, backoff_delay(attempt, self.backoff_base_s, self.backoff_max_s, self._rng))
-                await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
+                if pending:
+                    raise _Unfinished(last_problem)
         return [done[k] for k in keys]
 
     async def score(self, reward: str, trajectory: Trajectory, deadline_s: float = 60.0) -> RewardResult:
@@ -209,6 +181,10 @@ class _Retryable(Exception):
     def __init__(self, message: str, retry_after: float = 0.0) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class _Unfinished(_Retryable):
+    """An attempt that left items unscored (its message is the last problem): retried with the rest."""
 
 
 def _retry_after(response: httpx.Response) -> float:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rollart.env.trajectory import Trajectory
+from rollart.resource import checks as check
 from rollart.reward.errors import RewardError
 from rollart.reward.protocol import RewardFn, RewardRegistry, RewardResult
 from rollart.reward.service import ServiceConfig, serve
@@ -34,10 +35,7 @@ class FunctionReward:
     def __init__(self, name: str, fn: Callable[[Trajectory], Any]) -> None:
         """Serve `fn` under `name`."""
         # VAL: VAL_NON_EMPTY(name, exc=RewardError)
-        # >>> generated VAL_NON_EMPTY #f37c2695dd (edit the annotation, not this block)
-        if len(name) == 0:
-            raise RewardError(f"name must not be empty, got {name!r}")
-        # <<< generated
+        check.non_empty("name", name, exc=RewardError)  # generated #87b045a1cf
         self.name = name
         self.fn = fn
 
@@ -57,10 +55,7 @@ class FunctionReward:
 def load_object(spec: str) -> Any:
     """Import `package.module:attr` or `path/to/file.py:attr` (a relative path is from the working directory)."""
     # AST: AST_PRECONDITION(spec.count(":") >= 1 and all(spec.rpartition(":")[::2]), got=spec, msg="the spec is module:attr or file.py:attr", exc=RewardError)
-    # >>> generated AST_PRECONDITION #4d0fd71cb6 (edit the annotation, not this block)
-    if not (spec.count(':') >= 1 and all(spec.rpartition(':')[::2])):
-        raise RewardError(f"Pre-condition: the spec is module:attr or file.py:attr, got {spec!r}")
-    # <<< generated
+    check.precondition(spec.count(":") >= 1 and all(spec.rpartition(":")[::2]), "the spec is module:attr or file.py:attr", got=spec, exc=RewardError)  # generated #507ea577a6
     head, _, attr = spec.rpartition(":")
     if head.endswith(".py") or "/" in head:
         path = Path(head).expanduser().resolve()
@@ -114,10 +109,7 @@ def function_registry() -> RewardRegistry:
     # deps: load_reward
     raw = os.environ.get(FUNCTION_ENV)
     # AST: AST_PRECONDITION(raw is not None, got=FUNCTION_ENV, msg="the function spec is set in the environment", exc=RewardError)
-    # >>> generated AST_PRECONDITION #710d045a60 (edit the annotation, not this block)
-    if not (raw is not None):
-        raise RewardError(f"Pre-condition: the function spec is set in the environment, got {FUNCTION_ENV!r}")
-    # <<< generated
+    check.precondition(raw is not None, "the function spec is set in the environment", got=FUNCTION_ENV, exc=RewardError)  # generated #e4a2a853de
     spec = json.loads(raw)
     registry = RewardRegistry()
     registry.register(load_reward(spec["spec"], spec["name"]))
@@ -129,10 +121,7 @@ def serve_function(spec: str, name: str, token: str, host: str = "127.0.0.1", po
     """Serve the function at `spec` under `name` (blocking); the spec is loaded once here to fail fast."""
     # deps: load_reward, serve
     # VAL: VAL_INT_RANGE(port, min=0, max=65535, exc=RewardError)
-    # >>> generated VAL_INT_RANGE #48726b184c (edit the annotation, not this block)
-    if isinstance(port, bool) or not isinstance(port, int) or not (0 <= port <= 65535):
-        raise RewardError(f"port must be an integer in [{ 0 }, { 65535 }], got {port!r}")
-    # <<< generated
+    check.int_range("port", port, min=0, max=65535, exc=RewardError)  # generated #2e46f154fd
     head, _, attr = spec.rpartition(":")
     if head.endswith(".py") or "/" in head:
         spec = f"{Path(head).expanduser().resolve()}:{attr}"  # workers may start elsewhere

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from rollart.env.protocols import GenerationRequest, LLMClient, SamplingParams
 from rollart.env.trajectory import Trajectory
+from rollart.resource import checks as check
 from rollart.reward.errors import RewardError
 from rollart.reward.protocol import RewardResult
 
@@ -86,15 +87,9 @@ class LLMJudgeReward:
     ) -> None:
         """`client` is anything with `generate(GenerationRequest)` (the proxy adapted, or a stub)."""
         # VAL: VAL_INT_RANGE(max_tokens, min=1, max=100_000, exc=RewardError)
-        # >>> generated VAL_INT_RANGE #6c26915f9f (edit the annotation, not this block)
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not (1 <= max_tokens <= 100000):
-            raise RewardError(f"max_tokens must be an integer in [{ 1 }, { 100000 }], got {max_tokens!r}")
-        # <<< generated
+        check.int_range("max_tokens", max_tokens, min=1, max=100_000, exc=RewardError)  # generated #3be8990ae2
         # AST: AST_PRECONDITION(high > low, got=(low, high), msg="the score scale is increasing", exc=RewardError)
-        # >>> generated AST_PRECONDITION #a9c19f7bfd (edit the annotation, not this block)
-        if not (high > low):
-            raise RewardError(f"Pre-condition: the score scale is increasing, got {(low, high)!r}")
-        # <<< generated
+        check.precondition(high > low, "the score scale is increasing", got=(low, high), exc=RewardError)  # generated #a149e1e6e2
         self.client = client
         self.encode = encode
         self.decode = decode

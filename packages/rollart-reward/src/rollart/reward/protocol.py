@@ -12,6 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import BaseModel, Field
 
 from rollart.env.trajectory import Trajectory
+from rollart.resource import checks as check
 from rollart.reward.errors import RewardError
 
 
@@ -41,25 +42,16 @@ class RewardRegistry:
     def register(self, fn: RewardFn) -> RewardFn:
         """Add `fn` under `fn.name`; names are unique."""
         # VAL: VAL_NON_EMPTY(fn.name, exc=RewardError)
-        # >>> generated VAL_NON_EMPTY #d65d6adaea (edit the annotation, not this block)
-        if len(fn.name) == 0:
-            raise RewardError(f"fn.name must not be empty, got {fn.name!r}")
-        # <<< generated
+        check.non_empty("fn.name", fn.name, exc=RewardError)  # generated #d3110fb7a3
         # AST: AST_PRECONDITION(fn.name not in self._fns, got=fn.name, msg="reward names are unique", exc=RewardError)
-        # >>> generated AST_PRECONDITION #d7129799ab (edit the annotation, not this block)
-        if not (fn.name not in self._fns):
-            raise RewardError(f"Pre-condition: reward names are unique, got {fn.name!r}")
-        # <<< generated
+        check.precondition(fn.name not in self._fns, "reward names are unique", got=fn.name, exc=RewardError)  # generated #bc09e5b683
         self._fns[fn.name] = fn
         return fn
 
     def get(self, name: str) -> RewardFn:
         """The function called `name`."""
         # VAL: VAL_ONE_OF(name, choices=self._fns, exc=RewardError)
-        # >>> generated VAL_ONE_OF #c30424959d (edit the annotation, not this block)
-        if name not in self._fns:
-            raise RewardError(f"name must be one of {sorted(self._fns, key=repr)!r}, got {name!r}")
-        # <<< generated
+        check.one_of("name", name, self._fns, exc=RewardError)  # generated #02778d6c5c
         return self._fns[name]
 
     def names(self) -> list[str]:

@@ -18,6 +18,7 @@ import re
 
 from rollart.env.envs.math_calc import parse_final_number
 from rollart.env.trajectory import Trajectory
+from rollart.resource import checks as check
 from rollart.reward.errors import RewardError
 from rollart.reward.protocol import RewardResult
 
@@ -106,10 +107,7 @@ class MathAnswerReward:
     def __init__(self, name: str = "math", truth_key: str = "ground_truth") -> None:
         """`truth_key` names the ground-truth entry the environment put in the reset info."""
         # VAL: VAL_NON_EMPTY(name, exc=RewardError)
-        # >>> generated VAL_NON_EMPTY #f37c2695dd (edit the annotation, not this block)
-        if len(name) == 0:
-            raise RewardError(f"name must not be empty, got {name!r}")
-        # <<< generated
+        check.non_empty("name", name, exc=RewardError)  # generated #87b045a1cf
         self.name = name
         self.truth_key = truth_key
         self.score_range = UNIT_RANGE
@@ -128,10 +126,7 @@ class MathAnswerReward:
         ok = await asyncio.to_thread(math_equivalent, answer, str(truth))
         score = 1.0 if ok else 0.0
         # AST: AST_POSTCONDITION(self.score_range[0] <= score <= self.score_range[1], got=score, msg="score in the declared range", exc=RewardError)
-        # >>> generated AST_POSTCONDITION #d9f1b1ed03 (edit the annotation, not this block)
-        if not (self.score_range[0] <= score <= self.score_range[1]):
-            raise RewardError(f"Post-condition: score in the declared range, got {score!r}")
-        # <<< generated
+        check.postcondition(self.score_range[0] <= score <= self.score_range[1], "score in the declared range", got=score, exc=RewardError)  # generated #4bc15a0b2e
         return RewardResult(score=score, details={"answer": answer, "ground_truth": str(truth)})
 
 
@@ -141,10 +136,7 @@ class FormatReward:
     def __init__(self, pattern: str = r"<answer>.*?</answer>", name: str = "format") -> None:
         """Compile `pattern` (DOTALL)."""
         # VAL: VAL_NON_EMPTY(pattern, exc=RewardError)
-        # >>> generated VAL_NON_EMPTY #945ff00e5e (edit the annotation, not this block)
-        if len(pattern) == 0:
-            raise RewardError(f"pattern must not be empty, got {pattern!r}")
-        # <<< generated
+        check.non_empty("pattern", pattern, exc=RewardError)  # generated #81150dcb6c
         self.name = name
         self.pattern = re.compile(pattern, re.DOTALL)
         self.score_range = UNIT_RANGE
@@ -156,10 +148,7 @@ class FormatReward:
         hits = sum(1 for t in trajectory.turns if self.pattern.search(t.response_text))
         score = hits / len(trajectory.turns)
         # AST: AST_POSTCONDITION(self.score_range[0] <= score <= self.score_range[1], got=score, msg="score in the declared range", exc=RewardError)
-        # >>> generated AST_POSTCONDITION #d9f1b1ed03 (edit the annotation, not this block)
-        if not (self.score_range[0] <= score <= self.score_range[1]):
-            raise RewardError(f"Post-condition: score in the declared range, got {score!r}")
-        # <<< generated
+        check.postcondition(self.score_range[0] <= score <= self.score_range[1], "score in the declared range", got=score, exc=RewardError)  # generated #4bc15a0b2e
         return RewardResult(score=score, details={"turns": len(trajectory.turns), "matched": hits})
 
 
@@ -182,18 +171,12 @@ class WeightedSum:
     def __init__(self, parts: list[tuple[float, object]], name: str = "weighted") -> None:
         """`parts` is a list of (weight, reward function); each part must declare its `score_range`."""
         # VAL: VAL_NON_EMPTY(parts, exc=RewardError)
-        # >>> generated VAL_NON_EMPTY #99cbf3f829 (edit the annotation, not this block)
-        if len(parts) == 0:
-            raise RewardError(f"parts must not be empty, got {parts!r}")
-        # <<< generated
+        check.non_empty("parts", parts, exc=RewardError)  # generated #3612569066
         self.name = name
         self.parts = parts
         for _, fn in parts:
             # AST: AST_PRECONDITION(hasattr(fn, "score_range"), got=fn, msg="every part declares its score_range", exc=RewardError)
-            # >>> generated AST_PRECONDITION #7491658141 (edit the annotation, not this block)
-            if not (hasattr(fn, 'score_range')):
-                raise RewardError(f"Pre-condition: every part declares its score_range, got {fn!r}")
-            # <<< generated
+            check.precondition(hasattr(fn, "score_range"), "every part declares its score_range", got=fn, exc=RewardError)  # generated #5ae58928c4
         lows = [min(w * fn.score_range[0], w * fn.score_range[1]) for w, fn in parts]
         highs = [max(w * fn.score_range[0], w * fn.score_range[1]) for w, fn in parts]
         self.score_range = (sum(lows), sum(highs))
@@ -203,8 +186,5 @@ class WeightedSum:
         results = await asyncio.gather(*(fn.score(trajectory) for _, fn in self.parts))
         total = sum(w * r.score for (w, _), r in zip(self.parts, results))
         # AST: AST_POSTCONDITION(self.score_range[0] - 1e-9 <= total <= self.score_range[1] + 1e-9, got=total, msg="score in the declared range", exc=RewardError)
-        # >>> generated AST_POSTCONDITION #96478fabe0 (edit the annotation, not this block)
-        if not (self.score_range[0] - 1e-09 <= total <= self.score_range[1] + 1e-09):
-            raise RewardError(f"Post-condition: score in the declared range, got {total!r}")
-        # <<< generated
+        check.postcondition(self.score_range[0] - 1e-9 <= total <= self.score_range[1] + 1e-9, "score in the declared range", got=total, exc=RewardError)  # generated #ce66bc9c00
         return RewardResult(score=total, details={fn.name: r.model_dump() for (_, fn), r in zip(self.parts, results)})

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rollart.env.trajectory import Trajectory
+from rollart.resource import checks as check
 from rollart.reward.client import idempotency_key
 from rollart.reward.errors import RewardError
 from rollart.reward.protocol import RewardResult
@@ -21,30 +22,21 @@ from rollart.reward.protocol import RewardResult
 def serverless_score_url(base_url: str) -> str:
     """The service's `/v1/score` URL (for `register_serverless(url=...)`)."""
     # AST: AST_PRECONDITION(base_url.startswith(("http://", "https://")), got=base_url, msg="base_url is http(s)", exc=RewardError)
-    # >>> generated AST_PRECONDITION #81868351f2 (edit the annotation, not this block)
-    if not (base_url.startswith(('http://', 'https://'))):
-        raise RewardError(f"Pre-condition: base_url is http(s), got {base_url!r}")
-    # <<< generated
+    check.precondition(base_url.startswith(("http://", "https://")), "base_url is http(s)", got=base_url, exc=RewardError)  # generated #8ed6e1e28a
     return f"{base_url.rstrip('/')}/v1/score"
 
 
 def serverless_headers(token: str) -> dict[str, str]:
     """The bearer header for `register_serverless(headers=...)`."""
     # VAL: VAL_NON_EMPTY(token, exc=RewardError)
-    # >>> generated VAL_NON_EMPTY #ab7b459e61 (edit the annotation, not this block)
-    if len(token) == 0:
-        raise RewardError(f"token must not be empty, got {token!r}")
-    # <<< generated
+    check.non_empty("token", token, exc=RewardError)  # generated #189115d6b0
     return {"Authorization": f"Bearer {token}"}
 
 
 def score_payload(reward: str, trajectories: Sequence[Trajectory], timeout_s: float | None = None) -> dict[str, Any]:
     """The JSON body of a batch, with one idempotency key per trajectory."""
     # VAL: VAL_NON_EMPTY(reward, exc=RewardError)
-    # >>> generated VAL_NON_EMPTY #9dc752fb26 (edit the annotation, not this block)
-    if len(reward) == 0:
-        raise RewardError(f"reward must not be empty, got {reward!r}")
-    # <<< generated
+    check.non_empty("reward", reward, exc=RewardError)  # generated #3f2ced7ae5
     body: dict[str, Any] = {
         "reward": reward,
         "items": [{"key": idempotency_key(reward, t), "trajectory": t.model_dump(mode="json")} for t in trajectories],

@@ -19,6 +19,7 @@ import contextlib
 import hmac
 import importlib
 import json
+import logging
 import math
 import os
 import uuid
@@ -32,10 +33,13 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rollart.env.trajectory import Trajectory
+from rollart.resource import checks as check
 from rollart.reward.cache import ResultCache
 from rollart.reward.errors import RewardError
 from rollart.reward.protocol import RewardFn, RewardRegistry
 from rollart.reward.rules import EnvSuccessReward, FormatReward, MathAnswerReward
+
+log = logging.getLogger(__name__)
 
 CONFIG_ENV = "ROLLART_REWARD_CONFIG"
 
@@ -150,17 +154,11 @@ def default_registry() -> RewardRegistry:
 def load_registry(path: str) -> RewardRegistry:
     """Import `module:callable` and call it (how each worker process builds its registry)."""
     # AST: AST_PRECONDITION(path.count(":") == 1, got=path, msg="registry is 'module:callable'", exc=RewardError)
-    # >>> generated AST_PRECONDITION #dc100b9bb4 (edit the annotation, not this block)
-    if not (path.count(':') == 1):
-        raise RewardError(f"Pre-condition: registry is 'module:callable', got {path!r}")
-    # <<< generated
+    check.precondition(path.count(":") == 1, "registry is 'module:callable'", got=path, exc=RewardError)  # generated #5e90378906
     module, _, attr = path.partition(":")
     registry = getattr(importlib.import_module(module), attr)()
     # VAL: VAL_TYPE(registry, RewardRegistry, exc=RewardError)
-    # >>> generated VAL_TYPE #a4f268618a (edit the annotation, not this block)
-    if not isinstance(registry, RewardRegistry):
-        raise RewardError(f"registry must be of type RewardRegistry, got {type(registry).__name__} {registry!r}")
-    # <<< generated
+    check.of_type("registry", registry, RewardRegistry, exc=RewardError)  # generated #3186e04016
     return registry
 
 
@@ -187,11 +185,8 @@ async def _read_limited(request: Request, limit: int) -> bytes:
 def create_app(registry: RewardRegistry, config: ServiceConfig) -> FastAPI:
     """Build the app for one worker process (its own cache connection, semaphore and counters)."""
     # deps: ResultCache, RewardRegistry.get, score_item
-    # VAL: VAL_NON_EMPTY(registry.names(), exc=RewardError)
-    # >>> generated VAL_NON_EMPTY #868f95faa2 (edit the annotation, not this block)
-    if len(registry.names()) == 0:
-        raise RewardError(f"registry.names() must not be empty, got {registry.names()!r}")
-    # <<< generated
+    # VAL: VAL_NON_EMPTY(registry.names(), name="reward names of the registry", exc=RewardError)
+    check.non_empty("reward names of the registry", registry.names(), exc=RewardError)  # generated #3a916e0846
     owner = f"{os.getpid()}:{uuid.uuid4().hex[:8]}"
     cache = ResultCache(config.cache_path, owner)
 
@@ -297,10 +292,7 @@ async def score_item(fn: RewardFn, cache: ResultCache, item: ScoreItem, timeout_
     """
     # deps: ResultCache.claim, ResultCache.complete, ResultCache.release
     # VAL: VAL_TIMEOUT(timeout_s, exc=RewardError)
-    # >>> generated VAL_TIMEOUT #eddc96cf95 (edit the annotation, not this block)
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (timeout_s - timeout_s == 0) or not timeout_s > 0:
-        raise RewardError(f"timeout_s must be a finite timeout > 0 seconds, got {timeout_s!r}")
-    # <<< generated
+    check.timeout("timeout_s", timeout_s, exc=RewardError)  # generated #cc70f04010
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
@@ -318,6 +310,7 @@ async def score_item(fn: RewardFn, cache: ResultCache, item: ScoreItem, timeout_
         await asyncio.to_thread(cache.release, item.key)
         return ItemResult(key=item.key, status="timeout", error=f"reward did not finish within {timeout_s:.3g} s")
     except Exception as exc:
+        log.warning("reward %s failed on %s", fn.name, item.key, exc_info=exc)
         await asyncio.to_thread(cache.release, item.key)
         return ItemResult(key=item.key, status="error", error=f"{type(exc).__name__}: {exc}"[:500])
     await asyncio.to_thread(cache.complete, item.key, float(result.score), result.details)
@@ -329,10 +322,7 @@ def app_from_env() -> FastAPI:
     # deps: load_registry, create_app
     raw = os.environ.get(CONFIG_ENV)
     # AST: AST_PRECONDITION(raw is not None, got=CONFIG_ENV, msg="the service config is set in the environment", exc=RewardError)
-    # >>> generated AST_PRECONDITION #cc955d221e (edit the annotation, not this block)
-    if not (raw is not None):
-        raise RewardError(f"Pre-condition: the service config is set in the environment, got {CONFIG_ENV!r}")
-    # <<< generated
+    check.precondition(raw is not None, "the service config is set in the environment", got=CONFIG_ENV, exc=RewardError)  # generated #63653c573a
     config = ServiceConfig.model_validate_json(raw)
     return create_app(load_registry(config.registry), config)
 

@@ -34,7 +34,7 @@ class ProxyLLMClient:
         """Translate the request, call the proxy, translate the answer."""
         s = request.sampling
         params = ProxySampling(max_tokens=request.max_tokens, temperature=s.temperature, top_p=s.top_p,
-                               top_k=max(s.top_k, 0), seed=s.seed, stop_token_ids=tuple(s.stop_token_ids))
+                               top_k=s.top_k, seed=s.seed, stop_token_ids=tuple(s.stop_token_ids))
         resp = await self.proxy.generate(
             GenerateRequest(tuple(request.prompt_ids), params, trajectory_id=request.trajectory_id, tag=request.tag),
             timeout_s=self.timeout_s,

@@ -12,9 +12,13 @@ import asyncio
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from rollart.resource import checks as check
 from rollart.scheduler.errors import SchedulerError, SchedulerTimeout
+
+if TYPE_CHECKING:
+    from rollart.scheduler.config import RunConfig
 
 BUFFERED = "buffered"
 CONSUMED = "consumed"
@@ -97,25 +101,13 @@ class SampleBuffer:
         (default `group_task`: the part before `-g`, as in the RolloutScheduler's `TASK-gN` ids).
         """
         # VAL: VAL_INT_RANGE(alpha, min=0, max=1_000_000, exc=SchedulerError)
-        # >>> generated VAL_INT_RANGE #7d882392fa (edit the annotation, not this block)
-        if isinstance(alpha, bool) or not isinstance(alpha, int) or not (0 <= alpha <= 1000000):
-            raise SchedulerError(f"alpha must be an integer in [{ 0 }, { 1000000 }], got {alpha!r}")
-        # <<< generated
+        check.int_range("alpha", alpha, min=0, max=1_000_000, exc=SchedulerError)  # generated #e5160b4fa7
         # VAL: VAL_INT_RANGE(group_size, min=1, max=1_000_000, exc=SchedulerError)
-        # >>> generated VAL_INT_RANGE #0e92d127e7 (edit the annotation, not this block)
-        if isinstance(group_size, bool) or not isinstance(group_size, int) or not (1 <= group_size <= 1000000):
-            raise SchedulerError(f"group_size must be an integer in [{ 1 }, { 1000000 }], got {group_size!r}")
-        # <<< generated
+        check.int_range("group_size", group_size, min=1, max=1_000_000, exc=SchedulerError)  # generated #c7c5acde15
         # VAL: VAL_INT_RANGE(version, min=0, max=2**62, exc=SchedulerError)
-        # >>> generated VAL_INT_RANGE #c631a66c79 (edit the annotation, not this block)
-        if isinstance(version, bool) or not isinstance(version, int) or not (0 <= version <= 2 ** 62):
-            raise SchedulerError(f"version must be an integer in [{ 0 }, { 2 ** 62 }], got {version!r}")
-        # <<< generated
+        check.int_range("version", version, min=0, max=2**62, exc=SchedulerError)  # generated #73edfee2eb
         # AST: AST_PRECONDITION(len(set(tasks)) == len(tasks), got=list(tasks), msg="tasks are distinct", exc=SchedulerError)
-        # >>> generated AST_PRECONDITION #47f5fac68a (edit the annotation, not this block)
-        if not (len(set(tasks)) == len(tasks)):
-            raise SchedulerError(f"Pre-condition: tasks are distinct, got {list(tasks)!r}")
-        # <<< generated
+        check.precondition(len(set(tasks)) == len(tasks), "tasks are distinct", got_lazy=lambda: list(tasks), exc=SchedulerError)  # generated #940c2c2703
         self.alpha = alpha
         self.group_size = group_size
         self.tasks = list(tasks)
@@ -129,6 +121,16 @@ class SampleBuffer:
         self._by_version: list[_Entry] = []  # every open group, lazily invalidated (D20)
         self._ready: dict[str | None, list[_Entry]] = {}  # complete groups per task (None: unbalanced)
         self._buffered = 0
+        self._observers: list[Callable[[BufferedTrajectory], None]] = []
+
+    @classmethod
+    def from_config(cls, config: RunConfig, tasks: Sequence[str] = (), version: int = 0) -> SampleBuffer:
+        """The buffer a run config asks for: its pipeline's alpha and group size (what `Pipeline` checks)."""
+        return cls(alpha=config.pipeline.alpha, group_size=config.pipeline.group_size, version=version, tasks=tasks)
+
+    def observe(self, callback: Callable[[BufferedTrajectory], None]) -> None:
+        """Call `callback(trajectory)` for every trajectory put, before it is accounted (kept or not)."""
+        self._observers.append(callback)
 
     @property
     def version(self) -> int:
@@ -185,10 +187,9 @@ class SampleBuffer:
         """
         # deps: oldest_version, SampleBuffer._abort_group
         # AST: AST_PRECONDITION(trajectory.id not in self._records, got=trajectory.id, msg="a trajectory is put at most once", exc=SchedulerError)
-        # >>> generated AST_PRECONDITION #89b00812f4 (edit the annotation, not this block)
-        if not (trajectory.id not in self._records):
-            raise SchedulerError(f"Pre-condition: a trajectory is put at most once, got {trajectory.id!r}")
-        # <<< generated
+        check.precondition(trajectory.id not in self._records, "a trajectory is put at most once", got=trajectory.id, exc=SchedulerError)  # generated #cc18eb38ec
+        for observe in self._observers:
+            observe(trajectory)
         gid = trajectory.group_id or trajectory.id
         version = oldest_version(trajectory)
         record = TrajectoryRecord(group_id=gid, state=BUFFERED, oldest_version=version)
@@ -232,10 +233,7 @@ class SampleBuffer:
         """The trainer moved to `version`: evict every group now outside the bound; return evicted ids."""
         # deps: SampleBuffer._evict_stale
         # VAL: VAL_VERSION_MONOTONIC(version, self._version, strict=False, exc=SchedulerError)
-        # >>> generated VAL_VERSION_MONOTONIC #72d64bc164 (edit the annotation, not this block)
-        if self._version is not None and not version >= self._version:
-            raise SchedulerError(f"version must be >= self._version (versions never go backwards), got {version!r} with current {self._version!r}")
-        # <<< generated
+        check.version_monotonic("version", version, self._version, strict=False, exc=SchedulerError)  # generated #1681162dd7
         self._version = version
         evicted = self._evict_stale()
         self._notify()
@@ -244,10 +242,7 @@ class SampleBuffer:
     def abort_group(self, group_id: str, reason: str) -> list[str]:
         """Abort a group from outside (a member failed in flight); later members are aborted on arrival."""
         # VAL: VAL_NON_EMPTY(reason, exc=SchedulerError)
-        # >>> generated VAL_NON_EMPTY #1505d0b8aa (edit the annotation, not this block)
-        if len(reason) == 0:
-            raise SchedulerError(f"reason must not be empty, got {reason!r}")
-        # <<< generated
+        check.non_empty("reason", reason, exc=SchedulerError)  # generated #063038851c
         if group_id in self._closed_groups:
             return []
         ids = self._abort_group(group_id, reason)
@@ -315,20 +310,11 @@ class SampleBuffer:
         """
         # deps: SampleBuffer._evict_stale, SampleBuffer._take
         # VAL: VAL_INT_RANGE(n, min=1, max=1_000_000, exc=SchedulerError)
-        # >>> generated VAL_INT_RANGE #47e826e324 (edit the annotation, not this block)
-        if isinstance(n, bool) or not isinstance(n, int) or not (1 <= n <= 1000000):
-            raise SchedulerError(f"n must be an integer in [{ 1 }, { 1000000 }], got {n!r}")
-        # <<< generated
+        check.int_range("n", n, min=1, max=1_000_000, exc=SchedulerError)  # generated #88e567b856
         # AST: AST_PRECONDITION(n % self.group_size == 0, got=n, msg="n is a multiple of group_size", exc=SchedulerError)
-        # >>> generated AST_PRECONDITION #9b439a92bd (edit the annotation, not this block)
-        if not (n % self.group_size == 0):
-            raise SchedulerError(f"Pre-condition: n is a multiple of group_size, got {n!r}")
-        # <<< generated
+        check.precondition(n % self.group_size == 0, "n is a multiple of group_size", got=n, exc=SchedulerError)  # generated #f9ab13e8ec
         # VAL: VAL_TIMEOUT(timeout_s, exc=SchedulerError)
-        # >>> generated VAL_TIMEOUT #e687b48045 (edit the annotation, not this block)
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (timeout_s - timeout_s == 0) or not timeout_s > 0:
-            raise SchedulerError(f"timeout_s must be a finite timeout > 0 seconds, got {timeout_s!r}")
-        # <<< generated
+        check.timeout("timeout_s", timeout_s, exc=SchedulerError)  # generated #4c6d4a16bf
         loop = asyncio.get_running_loop()
         if self._changed is None:
             self._changed = asyncio.Event()
@@ -350,15 +336,9 @@ class SampleBuffer:
             except TimeoutError:
                 pass
         # AST: AST_POSTCONDITION(len(batch) == n, got=len(batch), msg="batch refilled to exactly n", exc=SchedulerError)
-        # >>> generated AST_POSTCONDITION #023fdd8c4e (edit the annotation, not this block)
-        if not (len(batch) == n):
-            raise SchedulerError(f"Post-condition: batch refilled to exactly n, got {len(batch)!r}")
-        # <<< generated
+        check.postcondition(len(batch) == n, "batch refilled to exactly n", got_lazy=lambda: len(batch), exc=SchedulerError)  # generated #10b2b120c0
         # AST: AST_POSTCONDITION(all([oldest_version(t) >= self._version - self.alpha for t in batch]), got=[oldest_version(t) for t in batch], msg="no trajectory violates the bound", exc=SchedulerError)
-        # >>> generated AST_POSTCONDITION #69b9499e2c (edit the annotation, not this block)
-        if not (all([oldest_version(t) >= self._version - self.alpha for t in batch])):
-            raise SchedulerError(f"Post-condition: no trajectory violates the bound, got {[oldest_version(t) for t in batch]!r}")
-        # <<< generated
+        check.postcondition(all([oldest_version(t) >= self._version - self.alpha for t in batch]), "no trajectory violates the bound", got_lazy=lambda: [oldest_version(t) for t in batch], exc=SchedulerError)  # generated #464f018ca6
         return batch
 
     def ready_count(self) -> int:

@@ -313,15 +313,9 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
     pcfg = config.pipeline
     keys = task_keys(config)
     balanced = sorted(set(keys)) if pcfg.balance_tasks and len(set(keys)) > 1 else []
-    buffer = SampleBuffer(alpha=pcfg.alpha, group_size=pcfg.group_size, tasks=balanced)
-    observers: list[Any] = []  # the pipeline's trajectory hook, set once it exists
-
-    def on_put(trajectory: Any) -> None:
-        for observe in observers:
-            observe(trajectory)
-
+    buffer = SampleBuffer.from_config(config, tasks=balanced)
     # a service reward has its own deadline; the sink's is a little longer so the client's error names it
-    sinks = [ScoringSink(buffer, tp.scorer, on_put=on_put, deadline_s=getattr(t.reward, "deadline_s", 55.0) + 5.0)
+    sinks = [ScoringSink(buffer, tp.scorer, deadline_s=getattr(t.reward, "deadline_s", 55.0) + 5.0)
              for t, tp in zip(config.tasks, parts)]
     routing_log = RoutingLog({w.worker_id: w.hardware for w in workers})
     slots, names = build_envs(config, parts, proxy, sinks, routing_log)
@@ -355,6 +349,4 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
                                    closers=[*(s.aclose for s in sinks), proxy.close, trainer.close, *closers],
                                    proxy=proxy, workers=list(workers), placement=placement, routing_log=routing_log,
                                    engine_stats=lambda: collect_engine_stats(workers))
-    pipeline = Pipeline(config, pipeline_parts)
-    observers.append(pipeline.on_trajectory)
-    return pipeline
+    return Pipeline(config, pipeline_parts)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rollart.resource import checks as check
 from rollart.scheduler.errors import SchedulerError
 
 _PREFIX = "ckpt-"
@@ -84,10 +85,7 @@ class Checkpointer:
     def __init__(self, root: Path, keep: int = 2) -> None:
         """Keep the newest `keep` checkpoints."""
         # VAL: VAL_INT_RANGE(keep, min=1, max=1000, exc=SchedulerError)
-        # >>> generated VAL_INT_RANGE #21ffe8a3a1 (edit the annotation, not this block)
-        if isinstance(keep, bool) or not isinstance(keep, int) or not (1 <= keep <= 1000):
-            raise SchedulerError(f"keep must be an integer in [{ 1 }, { 1000 }], got {keep!r}")
-        # <<< generated
+        check.int_range("keep", keep, min=1, max=1000, exc=SchedulerError)  # generated #e8b3547b74
         self.root = Path(root)
         self.keep = keep
 

@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rollart.resource import checks as check
 from rollart.scheduler.checkpoint import ConfigChangedError
 from rollart.scheduler.config import RunConfig
 from rollart.scheduler.errors import ConfigError, SchedulerError
@@ -42,7 +43,6 @@ def main_options(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="print the version and exit"),
 ) -> None:
     """RollArt: agentic RL on disaggregated hardware."""
-ROLE_CHAR = {"rollout": "R", "train": "T", "idle": ".", "transfer": "~"}
 
 
 def init_ray(config: RunConfig) -> bool:
@@ -89,7 +89,7 @@ def default_run_dir(config: RunConfig) -> Path:
 async def run_pipeline(config: RunConfig, run_dir: Path, iterations: int, console: Console | None = None,
                        resume: bool = True, base_dir: Path | None = None,
                        allow_config_change: bool = False) -> list[dict[str, Any]]:
-    """Build, (resume,) run with a live progress line, draw the timeline; return the records."""
+    """Build, (resume,) run with the pipeline's progress line, draw the timeline; return the records."""
     from rollart.scheduler.builder import build_pipeline
 
     console = console or Console()
@@ -98,34 +98,7 @@ async def run_pipeline(config: RunConfig, run_dir: Path, iterations: int, consol
     try:
         if resume and await pipe.restore(allow_config_change=allow_config_change):
             console.print(f"resumed from checkpoint at iteration {pipe.iteration} (version {pipe.parts.trainer.version})")
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TextColumn("{task.fields[status]}"), console=console, transient=False) as progress:
-            task = progress.add_task(f"{config.run.name} [{config.pipeline.mode}]", total=iterations,
-                                     completed=pipe.iteration, status="")
-            last: dict[str, Any] = {}
-
-            def status() -> str:
-                done = sum(1 for r in pipe.parts.buffer.records().values() if r.state == "consumed")
-                roles = pipe.parts.timeline.roles() if pipe.parts.timeline else {}
-                gpus = "".join(ROLE_CHAR.get(roles[d], "?") for d in sorted(roles))
-                return (f"traj {done}  tok/s {last.get('tokens_per_s', 0):.0f}  reward {last.get('reward_mean', 0):.2f}  "
-                        f"v{pipe.parts.trainer.version}  GPUs [{gpus}]")
-
-            async def refresh() -> None:
-                while True:
-                    progress.update(task, status=status())
-                    await asyncio.sleep(0.5)
-
-            def on_iteration(rec: dict[str, Any]) -> None:
-                last.update(rec)
-                records.append(rec)
-                progress.update(task, completed=rec["iteration"], status=status())
-
-            ticker = asyncio.create_task(refresh())
-            try:
-                await pipe.run(iterations, on_iteration=on_iteration)
-            finally:
-                ticker.cancel()
+        await pipe.run(iterations, on_iteration=records.append, progress=console)
     finally:
         await pipe.close()
     try:
@@ -149,13 +122,16 @@ def run(
     """`rollart run CONFIG`: build the pipeline from YAML and run it with a rich progress display."""
     try:
         cfg = load_config_with(config, sets)
-    except ConfigError as err:
+        count = cfg.run.iterations if iterations is None else iterations
+        # VAL: VAL_INT_RANGE(count, min=1, max=10_000_000, name="--iterations", exc=ConfigError)
+        check.int_range("--iterations", count, min=1, max=10_000_000, exc=ConfigError)  # generated #0924402678
+    except ConfigError as err:  # before anything starts: one line, exit 2
         typer.echo(str(err), err=True)
         raise typer.Exit(code=2) from None
     out = Path(run_dir) if run_dir else default_run_dir(cfg)
     try:
         init_ray(cfg)
-        asyncio.run(run_pipeline(cfg, out, iterations or cfg.run.iterations, base_dir=Path(config).parent,
+        asyncio.run(run_pipeline(cfg, out, count, base_dir=Path(config).parent,
                                  allow_config_change=allow_config_change))
     except (ConfigError, ConfigChangedError) as err:  # found before a step ran: a name, a capacity, a resume
         typer.echo(str(err), err=True)

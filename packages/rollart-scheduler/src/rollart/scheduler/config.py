@@ -12,6 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from rollart.resource import checks as check
 from rollart.scheduler.errors import ConfigError
 
 MODES = ("sync", "one_off", "async", "time_sharing")
@@ -476,10 +477,7 @@ def parse_config(data: dict[str, Any]) -> RunConfig:
     """
     # deps: format_validation_error
     # VAL: VAL_TYPE(data, dict, exc=ConfigError)
-    # >>> generated VAL_TYPE #0d07fce20f (edit the annotation, not this block)
-    if not isinstance(data, dict):
-        raise ConfigError(f"data must be of type dict, got {type(data).__name__} {data!r}")
-    # <<< generated
+    check.of_type("data", data, dict, exc=ConfigError)  # generated #1c932bdabb
     try:
         return RunConfig.model_validate(data)
     except ValidationError as err:

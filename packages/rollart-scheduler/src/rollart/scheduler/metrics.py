@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from rollart.resource import checks as check
 from rollart.scheduler.errors import SchedulerError
 
 REQUIRED_KEYS = frozenset(
@@ -45,10 +46,7 @@ class MetricsWriter:
     def write(self, record: dict[str, Any]) -> None:
         """Write one iteration's record; it must carry the required keys (R8)."""
         # AST: AST_PRECONDITION(REQUIRED_KEYS <= set(record), got=sorted(REQUIRED_KEYS - set(record)), msg="record has every required key", exc=SchedulerError)
-        # >>> generated AST_PRECONDITION #d09e2d49cb (edit the annotation, not this block)
-        if not (REQUIRED_KEYS <= set(record)):
-            raise SchedulerError(f"Pre-condition: record has every required key, got {sorted(REQUIRED_KEYS - set(record))!r}")
-        # <<< generated
+        check.precondition(REQUIRED_KEYS <= set(record), "record has every required key", got_lazy=lambda: sorted(REQUIRED_KEYS - set(record)), exc=SchedulerError)  # generated #d348ea95ef
         clean = {k: _jsonable(v) for k, v in record.items()}
         with self.path.open("a") as f:
             f.write(json.dumps(clean, sort_keys=True) + "\n")
@@ -110,10 +108,7 @@ class RoleTimeline:
     def set_role(self, devices: Iterable[int], role: str) -> None:
         """Close the devices' current intervals and open new ones in `role`."""
         # VAL: VAL_ONE_OF(role, choices=ROLES, exc=SchedulerError)
-        # >>> generated VAL_ONE_OF #8671516956 (edit the annotation, not this block)
-        if role not in ROLES:
-            raise SchedulerError(f"role must be one of {sorted(ROLES, key=repr)!r}, got {role!r}")
-        # <<< generated
+        check.one_of("role", role, ROLES, exc=SchedulerError)  # generated #7d22414e1b
         now = self._clock()
         lines = []
         for d in devices:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollart.resource import checks as check
 from rollart.scheduler.config import RunConfig
 from rollart.scheduler.errors import SchedulerError
 
@@ -29,10 +30,7 @@ class ModelSpec:
     def __post_init__(self) -> None:
         """Refuse a dtype no part can load."""
         # VAL: VAL_ONE_OF(self.dtype, choices=DTYPE_BYTES, exc=SchedulerError)
-        # >>> generated VAL_ONE_OF #bc7c43656d (edit the annotation, not this block)
-        if self.dtype not in DTYPE_BYTES:
-            raise SchedulerError(f"self.dtype must be one of {sorted(DTYPE_BYTES, key=repr)!r}, got {self.dtype!r}")
-        # <<< generated
+        check.one_of("dtype", self.dtype, DTYPE_BYTES, exc=SchedulerError)  # generated #1f27464bcc
 
     @classmethod
     def from_config(cls, config: RunConfig) -> ModelSpec:

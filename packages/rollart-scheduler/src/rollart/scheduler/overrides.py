@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from rollart.resource import checks as check
 from rollart.scheduler.config import RunConfig, parse_config
 from rollart.scheduler.errors import ConfigError
 
@@ -23,10 +24,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     """`a.b.0.c=value` -> (['a', 'b', '0', 'c'], parsed value)."""
     key, sep, raw = item.partition("=")
     # AST: AST_PRECONDITION(sep == "=" and key.strip() != "" and all(p.strip() for p in key.split(".")), got=item, msg="--set takes dotted.key=value", exc=ConfigError)
-    # >>> generated AST_PRECONDITION #f11e3e9f44 (edit the annotation, not this block)
-    if not (sep == '=' and key.strip() != '' and all((p.strip() for p in key.split('.')))):
-        raise ConfigError(f"Pre-condition: --set takes dotted.key=value, got {item!r}")
-    # <<< generated
+    check.precondition(sep == "=" and key.strip() != "" and all(p.strip() for p in key.split(".")), "--set takes dotted.key=value", got=item, exc=ConfigError)  # generated #bc118c4fdb
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as err:

@@ -17,6 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from rollart.resource import checks as check
 from rollart.scheduler.config import RunConfig, required_devices
 from rollart.scheduler.errors import ConfigError
 
@@ -200,15 +201,9 @@ def trainer_memory(shape: ModelShape, backend: str, devices: int, hardware: str)
     """One trainer device under the backend's assumption (see ASSUMPTIONS)."""
     # deps: param_count
     # VAL: VAL_ONE_OF(backend, choices=("torch", "megatron"), exc=ConfigError)
-    # >>> generated VAL_ONE_OF #5bac0041ae (edit the annotation, not this block)
-    if backend not in ('torch', 'megatron'):
-        raise ConfigError(f"backend must be one of {sorted(('torch', 'megatron'), key=repr)!r}, got {backend!r}")
-    # <<< generated
+    check.one_of("backend", backend, ("torch", "megatron"), exc=ConfigError)  # generated #7ef88ceca0
     # VAL: VAL_INT_RANGE(devices, min=1, max=1_000_000, exc=ConfigError)
-    # >>> generated VAL_INT_RANGE #fb74fc9fc8 (edit the annotation, not this block)
-    if isinstance(devices, bool) or not isinstance(devices, int) or not (1 <= devices <= 1000000):
-        raise ConfigError(f"devices must be an integer in [{ 1 }, { 1000000 }], got {devices!r}")
-    # <<< generated
+    check.int_range("devices", devices, min=1, max=1_000_000, exc=ConfigError)  # generated #3b73be281e
     n, b = param_count(shape), DTYPE_BYTES[shape.dtype]
     if backend == "torch":
         return DeviceMemory(weights=n * b, grads=n * b, optimizer=2 * n * b, hbm=_hbm(hardware))

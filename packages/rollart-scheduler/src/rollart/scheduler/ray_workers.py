@@ -9,18 +9,17 @@ so a pool of H20 workers runs only where the cluster advertises H20.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from typing import Any
 
-from rollart.proxy.types import EngineOutput, EngineRequest
+from rollart.proxy.ray_worker import RemoteWorkerHandle
 from rollart.resource.runtime import RayRuntime, WorkerContext
-from rollart.scheduler.actors import ChannelWeights, RolloutActor, TrainerActor
+from rollart.scheduler.actors import RolloutActor, TrainerActor
 from rollart.scheduler.engines import EngineSpec
 from rollart.scheduler.model_source import ModelSpec
 
 
-class RayWorkerHandle:
-    """The proxy's `WorkerHandle` over a RolloutActor: every method is one `RayRuntime.call`."""
+class RayWorkerHandle(RemoteWorkerHandle):
+    """The proxy's generic `RemoteWorkerHandle` over a RolloutActor: every command is one `RayRuntime.call`."""
 
     def __init__(self, runtime: RayRuntime, handle: Any, context: WorkerContext) -> None:
         """Wrap a spawned actor."""
@@ -31,54 +30,12 @@ class RayWorkerHandle:
         self.devices = tuple(context.devices)
 
     async def call(self, method: str, *args: Any) -> Any:
-        """Any actor method (sync extras such as `receive`, `checksums`)."""
+        """Any actor method (the proxy's commands, and extras such as `receive`, `checksums`)."""
         return await self.runtime.call(self.handle, method, args, {})
-
-    async def submit(self, request: EngineRequest) -> EngineOutput:
-        """Add a request and wait for its output."""
-        return await self.call("submit", request)
 
     async def engine_stats(self) -> dict[str, float]:
         """The engine's cumulative counters, for metrics.jsonl."""
         return await self.call("engine_stats")
-
-    async def probe(self) -> Any:
-        """The proxy's health check, answered inside the actor (an unreachable actor raises)."""
-        return await self.call("probe")
-
-    async def abort(self, request_id: str) -> bool:
-        """Abort one request."""
-        return await self.call("abort", request_id)
-
-    async def evict(self, request_ids: list[str] | None = None) -> list[str]:
-        """Hand requests back as migrated."""
-        return await self.call("evict", request_ids)
-
-    async def suspend(self) -> None:
-        """Stop stepping."""
-        await self.call("suspend")
-
-    async def resume(self) -> None:
-        """Step again."""
-        await self.call("resume")
-
-    async def offload(self) -> None:
-        """Offload weights."""
-        await self.call("offload")
-
-    async def reload(self) -> None:
-        """Reload weights."""
-        await self.call("reload")
-
-    async def load_weights(self, weights: Mapping[str, Any], version: int) -> None:
-        """A channel marker goes as is; real tensors through Ray's object store (local channel only)."""
-        if not isinstance(weights, ChannelWeights):
-            weights = {k: v.contiguous() for k, v in weights.items()}
-        await self.call("load_weights", weights, version)
-
-    async def restart(self) -> None:
-        """Restart the engine inside the actor."""
-        await self.call("restart")
 
     async def stop(self) -> None:
         """Stop the worker and remove the actor and its placement group."""

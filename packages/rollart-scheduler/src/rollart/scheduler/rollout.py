@@ -16,6 +16,7 @@ from typing import Protocol
 
 from rollart.env.manager import EnvManager
 from rollart.env.trajectory import Trajectory
+from rollart.resource import checks as check
 from rollart.scheduler.buffer import SampleBuffer
 from rollart.scheduler.errors import SchedulerError, SchedulerTimeout
 
@@ -144,10 +145,7 @@ class RolloutScheduler:
     async def suspend(self, timeout_s: float) -> None:
         """Pause generation (the proxy holds requests) so weights can be swapped."""
         # VAL: VAL_TIMEOUT(timeout_s, exc=SchedulerError)
-        # >>> generated VAL_TIMEOUT #e687b48045 (edit the annotation, not this block)
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (timeout_s - timeout_s == 0) or not timeout_s > 0:
-            raise SchedulerError(f"timeout_s must be a finite timeout > 0 seconds, got {timeout_s!r}")
-        # <<< generated
+        check.timeout("timeout_s", timeout_s, exc=SchedulerError)  # generated #4c6d4a16bf
         try:
             await asyncio.wait_for(self.control.suspend(), timeout_s)
         except TimeoutError:
@@ -186,10 +184,7 @@ class RolloutScheduler:
     async def stop(self, timeout_s: float) -> None:
         """Cancel every EnvManager task and wait for them, with a deadline."""
         # VAL: VAL_TIMEOUT(timeout_s, exc=SchedulerError)
-        # >>> generated VAL_TIMEOUT #e687b48045 (edit the annotation, not this block)
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (timeout_s - timeout_s == 0) or not timeout_s > 0:
-            raise SchedulerError(f"timeout_s must be a finite timeout > 0 seconds, got {timeout_s!r}")
-        # <<< generated
+        check.timeout("timeout_s", timeout_s, exc=SchedulerError)  # generated #4c6d4a16bf
         tasks, self._tasks = self._tasks, []
         self._stopping = True
         for t in tasks:

@@ -11,12 +11,16 @@ trajectory with the reason (the buffer records it as aborted, so it is never cou
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rollart.env.trajectory import Trajectory, TrajectoryStatus
+from rollart.resource import checks as check
 from rollart.scheduler.errors import SchedulerError
+
+log = logging.getLogger(__name__)
 
 Scorer = Callable[[Trajectory], Awaitable[float]]
 
@@ -32,15 +36,9 @@ class ScoringSink:
                  deadline_s: float = 60.0, max_concurrency: int = 64) -> None:
         """`buffer` needs `put_nowait`; `on_put` observes every trajectory just before the buffer does."""
         # VAL: VAL_TIMEOUT(deadline_s, exc=SchedulerError)
-        # >>> generated VAL_TIMEOUT #2cc288b3a5 (edit the annotation, not this block)
-        if isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float)) or not (deadline_s - deadline_s == 0) or not deadline_s > 0:
-            raise SchedulerError(f"deadline_s must be a finite timeout > 0 seconds, got {deadline_s!r}")
-        # <<< generated
+        check.timeout("deadline_s", deadline_s, exc=SchedulerError)  # generated #30945f3280
         # VAL: VAL_INT_RANGE(max_concurrency, min=1, max=1_000_000, exc=SchedulerError)
-        # >>> generated VAL_INT_RANGE #288202b280 (edit the annotation, not this block)
-        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or not (1 <= max_concurrency <= 1000000):
-            raise SchedulerError(f"max_concurrency must be an integer in [{ 1 }, { 1000000 }], got {max_concurrency!r}")
-        # <<< generated
+        check.int_range("max_concurrency", max_concurrency, min=1, max=1_000_000, exc=SchedulerError)  # generated #e695c4034e
         self.buffer = buffer
         self.scorer = scorer
         self.on_put = on_put
@@ -62,10 +60,7 @@ class ScoringSink:
         """Never blocks: start scoring (needs a running loop) or hand the trajectory on at once."""
         # deps: ScoringSink._deliver, ScoringSink._score
         # AST: AST_PRECONDITION(trajectory.id not in self._pending and trajectory.id not in self._delivered, got=trajectory.id, msg="a trajectory is put at most once", exc=SchedulerError)
-        # >>> generated AST_PRECONDITION #b3ad768c3a (edit the annotation, not this block)
-        if not (trajectory.id not in self._pending and trajectory.id not in self._delivered):
-            raise SchedulerError(f"Pre-condition: a trajectory is put at most once, got {trajectory.id!r}")
-        # <<< generated
+        check.precondition(trajectory.id not in self._pending and trajectory.id not in self._delivered, "a trajectory is put at most once", got=trajectory.id, exc=SchedulerError)  # generated #ced9de6f7a
         finished = getattr(trajectory.status, "value", trajectory.status) == TrajectoryStatus.FINISHED.value
         if not finished or trajectory.reward is not None:
             self.passed += 1
@@ -92,6 +87,7 @@ class ScoringSink:
             self._fail(trajectory, f"reward timed out after {self.deadline_s:.3g} s")
             return
         except Exception as err:  # noqa: BLE001 - any scorer failure becomes a failed trajectory
+            log.warning("reward of trajectory %s failed: %s: %s", trajectory.id, type(err).__name__, err)
             self._pending.pop(trajectory.id, None)
             self._fail(trajectory, f"reward failed: {type(err).__name__}: {err}"[:500])
             return
@@ -119,10 +115,7 @@ class ScoringSink:
         Returns how many were cancelled. Every trajectory put before has reached the buffer on return.
         """
         # VAL: VAL_TIMEOUT(timeout_s, exc=SchedulerError)
-        # >>> generated VAL_TIMEOUT #e687b48045 (edit the annotation, not this block)
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (timeout_s - timeout_s == 0) or not timeout_s > 0:
-            raise SchedulerError(f"timeout_s must be a finite timeout > 0 seconds, got {timeout_s!r}")
-        # <<< generated
+        check.timeout("timeout_s", timeout_s, exc=SchedulerError)  # generated #4c6d4a16bf
         self._closed = True
         tasks = list(self._pending.values())
         cancelled = 0
@@ -134,8 +127,5 @@ class ScoringSink:
             if late:
                 await asyncio.gather(*late, return_exceptions=True)
         # AST: AST_POSTCONDITION(not self._pending, got=sorted(self._pending), msg="every trajectory is handed on at close", exc=SchedulerError)
-        # >>> generated AST_POSTCONDITION #496f8edddd (edit the annotation, not this block)
-        if not (not self._pending):
-            raise SchedulerError(f"Post-condition: every trajectory is handed on at close, got {sorted(self._pending)!r}")
-        # <<< generated
+        check.postcondition(not self._pending, "every trajectory is handed on at close", got_lazy=lambda: sorted(self._pending), exc=SchedulerError)  # generated #61b862b93b
         return cancelled

@@ -27,6 +27,7 @@ from typing import Any
 from rollart.env.envs.latency import LatencyDistribution, LatencyWrapper
 from rollart.env.protocols import GenerationRequest, GenerationResult, ResetResult, StepResult
 from rollart.env.trajectory import Trajectory
+from rollart.resource import checks as check
 from rollart.scheduler.errors import ConfigError
 from rollart.train.sim_trainer import SimTrainer, TrainStepCost, train_step_cost
 
@@ -45,20 +46,11 @@ class Distribution:
     def __post_init__(self) -> None:
         """Refuse unknown kinds and negative figures, naming the field."""
         # VAL: VAL_ONE_OF(self.kind, choices=DIST_KINDS, exc=ConfigError)
-        # >>> generated VAL_ONE_OF #b6620de4ed (edit the annotation, not this block)
-        if self.kind not in DIST_KINDS:
-            raise ConfigError(f"self.kind must be one of {sorted(DIST_KINDS, key=repr)!r}, got {self.kind!r}")
-        # <<< generated
+        check.one_of("kind", self.kind, DIST_KINDS, exc=ConfigError)  # generated #eca85a8b22
         # VAL: VAL_NON_NEGATIVE(self.mean, exc=ConfigError)
-        # >>> generated VAL_NON_NEGATIVE #d94729a190 (edit the annotation, not this block)
-        if not self.mean >= 0:
-            raise ConfigError(f"self.mean must be >= 0, got {self.mean!r}")
-        # <<< generated
+        check.non_negative("mean", self.mean, exc=ConfigError)  # generated #5a0239b3fd
         # VAL: VAL_NON_NEGATIVE(self.std, exc=ConfigError)
-        # >>> generated VAL_NON_NEGATIVE #0d36f8af77 (edit the annotation, not this block)
-        if not self.std >= 0:
-            raise ConfigError(f"self.std must be >= 0, got {self.std!r}")
-        # <<< generated
+        check.non_negative("std", self.std, exc=ConfigError)  # generated #6426593599
 
     @classmethod
     def of(cls, spec: Any) -> Distribution:

@@ -35,6 +35,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from rollart.resource import checks as check
 from rollart.scheduler.config import RunConfig, format_validation_error
 from rollart.scheduler.errors import ConfigError
 from rollart.scheduler.overrides import apply_overrides
@@ -158,10 +159,7 @@ def parse_scenario(data: Any) -> Scenario:
         ConfigError: one line per problem, naming the dotted field (unknown keys included).
     """
     # VAL: VAL_TYPE(data, dict, exc=ConfigError)
-    # >>> generated VAL_TYPE #0d07fce20f (edit the annotation, not this block)
-    if not isinstance(data, dict):
-        raise ConfigError(f"data must be of type dict, got {type(data).__name__} {data!r}")
-    # <<< generated
+    check.of_type("data", data, dict, exc=ConfigError)  # generated #1c932bdabb
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as err:

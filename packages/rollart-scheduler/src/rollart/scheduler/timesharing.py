@@ -10,12 +10,16 @@ every get_batch regardless, kept as the baseline the benchmark compares against.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, runtime_checkable
 
+from rollart.resource import checks as check
 from rollart.scheduler.errors import SchedulerError, SchedulerTimeout
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -96,10 +100,7 @@ class ElasticRolloutPool(Protocol):
 def demand_devices(inflight: int, slots_per_device: int, min_keep: int) -> int:
     """Devices the remaining rollout demand needs: ceil(inflight / slots), at least min_keep."""
     # VAL: VAL_INT_RANGE(slots_per_device, min=1, max=1_000_000, exc=SchedulerError)
-    # >>> generated VAL_INT_RANGE #6689932c11 (edit the annotation, not this block)
-    if isinstance(slots_per_device, bool) or not isinstance(slots_per_device, int) or not (1 <= slots_per_device <= 1000000):
-        raise SchedulerError(f"slots_per_device must be an integer in [{ 1 }, { 1000000 }], got {slots_per_device!r}")
-    # <<< generated
+    check.int_range("slots_per_device", slots_per_device, min=1, max=1_000_000, exc=SchedulerError)  # generated #d1304be0d3
     return max(min_keep, math.ceil(max(inflight, 0) / slots_per_device))
 
 
@@ -114,20 +115,11 @@ class CostAwarePolicy:
     def __init__(self, min_keep: int = 1, margin: float = 1.0, prior_switch_cost_s: float = 0.0) -> None:
         """`prior_switch_cost_s` is used until a switch has been measured."""
         # VAL: VAL_INT_RANGE(min_keep, min=1, max=1_000_000, exc=SchedulerError)
-        # >>> generated VAL_INT_RANGE #52ebeff3ec (edit the annotation, not this block)
-        if isinstance(min_keep, bool) or not isinstance(min_keep, int) or not (1 <= min_keep <= 1000000):
-            raise SchedulerError(f"min_keep must be an integer in [{ 1 }, { 1000000 }], got {min_keep!r}")
-        # <<< generated
+        check.int_range("min_keep", min_keep, min=1, max=1_000_000, exc=SchedulerError)  # generated #c6b9227e1e
         # VAL: VAL_NON_NEGATIVE(margin, exc=SchedulerError)
-        # >>> generated VAL_NON_NEGATIVE #ac8c014c32 (edit the annotation, not this block)
-        if not margin >= 0:
-            raise SchedulerError(f"margin must be >= 0, got {margin!r}")
-        # <<< generated
+        check.non_negative("margin", margin, exc=SchedulerError)  # generated #e083c66960
         # VAL: VAL_NON_NEGATIVE(prior_switch_cost_s, exc=SchedulerError)
-        # >>> generated VAL_NON_NEGATIVE #a3fd7faae2 (edit the annotation, not this block)
-        if not prior_switch_cost_s >= 0:
-            raise SchedulerError(f"prior_switch_cost_s must be >= 0, got {prior_switch_cost_s!r}")
-        # <<< generated
+        check.non_negative("prior_switch_cost_s", prior_switch_cost_s, exc=SchedulerError)  # generated #7f314dc737
         self.min_keep = min_keep
         self.margin = margin
         self.prior_switch_cost_s = prior_switch_cost_s
@@ -137,10 +129,7 @@ class CostAwarePolicy:
         # deps: demand_devices
         decision = self._decide(state)
         # AST: AST_POSTCONDITION(len(decision.devices) < len(state.rollout_devices) or not state.rollout_devices, got=decision.devices, msg="never lend the whole pool", exc=SchedulerError)
-        # >>> generated AST_POSTCONDITION #41c4adef97 (edit the annotation, not this block)
-        if not (len(decision.devices) < len(state.rollout_devices) or not state.rollout_devices):
-            raise SchedulerError(f"Post-condition: never lend the whole pool, got {decision.devices!r}")
-        # <<< generated
+        check.postcondition(len(decision.devices) < len(state.rollout_devices) or not state.rollout_devices, "never lend the whole pool", got=decision.devices, exc=SchedulerError)  # generated #f374154e53
         return decision
 
     def _decide(self, state: PoolState) -> ShrinkDecision:
@@ -168,10 +157,7 @@ class AlwaysShrinkPolicy:
     def __init__(self, lend: int = 1) -> None:
         """Lend `lend` devices (capped so at least one stays in rollout)."""
         # VAL: VAL_INT_RANGE(lend, min=1, max=1_000_000, exc=SchedulerError)
-        # >>> generated VAL_INT_RANGE #b9d1546695 (edit the annotation, not this block)
-        if isinstance(lend, bool) or not isinstance(lend, int) or not (1 <= lend <= 1000000):
-            raise SchedulerError(f"lend must be an integer in [{ 1 }, { 1000000 }], got {lend!r}")
-        # <<< generated
+        check.int_range("lend", lend, min=1, max=1_000_000, exc=SchedulerError)  # generated #0bfd8f6add
         self.lend = lend
 
     def decide(self, state: PoolState) -> ShrinkDecision:
@@ -195,15 +181,9 @@ class TimeSharingController:
     ) -> None:
         """`train_devices` is the trainer's own device count (d in D6); `on_role` feeds the timeline."""
         # VAL: VAL_INT_RANGE(train_devices, min=1, max=1_000_000, exc=SchedulerError)
-        # >>> generated VAL_INT_RANGE #946fe2e3fa (edit the annotation, not this block)
-        if isinstance(train_devices, bool) or not isinstance(train_devices, int) or not (1 <= train_devices <= 1000000):
-            raise SchedulerError(f"train_devices must be an integer in [{ 1 }, { 1000000 }], got {train_devices!r}")
-        # <<< generated
+        check.int_range("train_devices", train_devices, min=1, max=1_000_000, exc=SchedulerError)  # generated #5ca7f2317b
         # VAL: VAL_INT_RANGE(slots_per_device, min=1, max=1_000_000, exc=SchedulerError)
-        # >>> generated VAL_INT_RANGE #6689932c11 (edit the annotation, not this block)
-        if isinstance(slots_per_device, bool) or not isinstance(slots_per_device, int) or not (1 <= slots_per_device <= 1000000):
-            raise SchedulerError(f"slots_per_device must be an integer in [{ 1 }, { 1000000 }], got {slots_per_device!r}")
-        # <<< generated
+        check.int_range("slots_per_device", slots_per_device, min=1, max=1_000_000, exc=SchedulerError)  # generated #d1304be0d3
         self.pool = pool
         self.policy = policy
         self.train_devices = train_devices
@@ -227,14 +207,12 @@ class TimeSharingController:
         """
         # deps: TimeSharingPolicy.decide, ElasticRolloutPool.shrink, ElasticRolloutPool.expand
         # VAL: VAL_TIMEOUT(timeout_s, exc=SchedulerError)
-        # >>> generated VAL_TIMEOUT #e687b48045 (edit the annotation, not this block)
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (timeout_s - timeout_s == 0) or not timeout_s > 0:
-            raise SchedulerError(f"timeout_s must be a finite timeout > 0 seconds, got {timeout_s!r}")
-        # <<< generated
+        check.timeout("timeout_s", timeout_s, exc=SchedulerError)  # generated #4c6d4a16bf
         loop = asyncio.get_running_loop()
         before = list(self.pool.rollout_devices())
         decision = self.policy.decide(self.state())
         lent = list(decision.devices)
+        log.info("train step: lend %s to training (%s)", lent, decision.reason)
         record = SwitchRecord(tuple(lent), decision.reason, expected_gain_s=decision.expected_gain_s)
         try:
             if lent:
@@ -257,10 +235,7 @@ class TimeSharingController:
             self.switch_cost_s = cost if self.switch_cost_s is None else 0.5 * self.switch_cost_s + 0.5 * cost
         self.history.append(record)
         # AST: AST_POSTCONDITION(set(self.pool.rollout_devices()) >= set(before), got=self.pool.rollout_devices(), msg="every lent device is back in rollout", exc=SchedulerError)
-        # >>> generated AST_POSTCONDITION #d623a129f0 (edit the annotation, not this block)
-        if not (set(self.pool.rollout_devices()) >= set(before)):
-            raise SchedulerError(f"Post-condition: every lent device is back in rollout, got {self.pool.rollout_devices()!r}")
-        # <<< generated
+        check.postcondition(set(self.pool.rollout_devices()) >= set(before), "every lent device is back in rollout", got_lazy=lambda: self.pool.rollout_devices(), exc=SchedulerError)  # generated #dff08f48a5
         return result, record
 
     @staticmethod

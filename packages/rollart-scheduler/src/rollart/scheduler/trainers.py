@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rollart.resource import checks as check
 from rollart.scheduler.actors import ChannelWeights
 from rollart.scheduler.errors import SchedulerError
 from rollart.train.batch import TrainBatch
@@ -24,10 +25,7 @@ from rollart.train.batch import TrainBatch
 def split_batch(batch: TrainBatch, parts: int) -> list[TrainBatch]:
     """Contiguous, near-equal shards of the sequences, one per data-parallel replica."""
     # VAL: VAL_INT_RANGE(parts, min=1, max=max(1, batch.num_sequences), exc=SchedulerError)
-    # >>> generated VAL_INT_RANGE #a029d884af (edit the annotation, not this block)
-    if isinstance(parts, bool) or not isinstance(parts, int) or not (1 <= parts <= max(1, batch.num_sequences)):
-        raise SchedulerError(f"parts must be an integer in [{ 1 }, { max(1, batch.num_sequences) }], got {parts!r}")
-    # <<< generated
+    check.int_range("parts", parts, min=1, max=max(1, batch.num_sequences), exc=SchedulerError)  # generated #4698fcbccb
     n = batch.num_sequences
     size = math.ceil(n / parts)
     return [batch.select(slice(i * size, min(n, (i + 1) * size))) for i in range(parts)]
@@ -79,15 +77,9 @@ class ActorTrainerGroup:
     def __init__(self, runtime: Any, handles: Sequence[Any], timeout_s: float = 600.0) -> None:
         """`handles` are spawned TrainerActors in rank order (rank 0 publishes)."""
         # VAL: VAL_NON_EMPTY(handles, exc=SchedulerError)
-        # >>> generated VAL_NON_EMPTY #711f446dac (edit the annotation, not this block)
-        if len(handles) == 0:
-            raise SchedulerError(f"handles must not be empty, got {handles!r}")
-        # <<< generated
+        check.non_empty("handles", handles, exc=SchedulerError)  # generated #2b1103e29d
         # VAL: VAL_TIMEOUT(timeout_s, exc=SchedulerError)
-        # >>> generated VAL_TIMEOUT #e687b48045 (edit the annotation, not this block)
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (timeout_s - timeout_s == 0) or not timeout_s > 0:
-            raise SchedulerError(f"timeout_s must be a finite timeout > 0 seconds, got {timeout_s!r}")
-        # <<< generated
+        check.timeout("timeout_s", timeout_s, exc=SchedulerError)  # generated #4c6d4a16bf
         self.runtime = runtime
         self.handles = list(handles)
         self.timeout_s = timeout_s
@@ -168,10 +160,7 @@ class ChannelUpdater:
     def __init__(self, trainer: ActorTrainerGroup, rollout: Sequence[Any], proxy: Any, channel: str) -> None:
         """`rollout` are the RayWorkerHandles of every rollout actor (active or not)."""
         # VAL: VAL_ONE_OF(channel, choices=("torch_dist", "mooncake"), exc=SchedulerError)
-        # >>> generated VAL_ONE_OF #6efcf03c15 (edit the annotation, not this block)
-        if channel not in ('torch_dist', 'mooncake'):
-            raise SchedulerError(f"channel must be one of {sorted(('torch_dist', 'mooncake'), key=repr)!r}, got {channel!r}")
-        # <<< generated
+        check.one_of("channel", channel, ("torch_dist", "mooncake"), exc=SchedulerError)  # generated #76e2ebac62
         self.trainer = trainer
         self.rollout = list(rollout)
         self.proxy = proxy

@@ -15,6 +15,7 @@ from typing import Union
 
 import torch
 
+from rollart.resource import checks as check
 from rollart.sync.errors import ChecksumMismatchError, SyncValidationError
 
 NamedTensors = Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]]
@@ -145,10 +146,7 @@ def as_named_list(named_tensors: NamedTensors) -> list[tuple[str, torch.Tensor]]
 def with_checksums(manifest: Manifest, checksums: Sequence[int]) -> Manifest:
     """The manifest with each bucket's checksum set (a channel that checksums during the transfer, D34)."""
     # AST: AST_PRECONDITION(len(checksums) == len(manifest.buckets), got=len(checksums), msg="one checksum per bucket")
-    # >>> generated AST_PRECONDITION #ccce6d99c0 (edit the annotation, not this block)
-    if not (len(checksums) == len(manifest.buckets)):
-        raise AssertionError(f"Pre-condition: one checksum per bucket, got {len(checksums)!r}")
-    # <<< generated
+    check.precondition(len(checksums) == len(manifest.buckets), "one checksum per bucket", got_lazy=lambda: len(checksums))  # generated #e112820909
     return Manifest(manifest.version, tuple(replace(b, checksum=int(c)) for b, c in zip(manifest.buckets, checksums)))
 
 
@@ -169,10 +167,7 @@ def plan_buckets(named: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int) -
     Why a plan separate from the copy: the plan is pure arithmetic, cheap to property-test.
     """
     # VAL: VAL_POSITIVE(bucket_bytes, exc=SyncValidationError)
-    # >>> generated VAL_POSITIVE #2c8a84d390 (edit the annotation, not this block)
-    if not bucket_bytes > 0:
-        raise SyncValidationError(f"bucket_bytes must be > 0, got {bucket_bytes!r}")
-    # <<< generated
+    check.positive("bucket_bytes", bucket_bytes, exc=SyncValidationError)  # generated #e365418568
     open_by_dtype: dict[torch.dtype, int] = {}
     buckets: list[list[int]] = []
     sizes: list[int] = []
@@ -217,28 +212,13 @@ def pack_buckets(
     names = [n for n, _ in named]
     dtypes = [dtype_name(t.dtype) for _, t in named]
     # VAL: VAL_INT_RANGE(version, min=0, max=MAX_VERSION, exc=SyncValidationError)
-    # >>> generated VAL_INT_RANGE #4fa4f1460a (edit the annotation, not this block)
-    if isinstance(version, bool) or not isinstance(version, int) or not (0 <= version <= MAX_VERSION):
-        raise SyncValidationError(f"version must be an integer in [{ 0 }, { MAX_VERSION }], got {version!r}")
-    # <<< generated
+    check.int_range("version", version, min=0, max=MAX_VERSION, exc=SyncValidationError)  # generated #c524180f30
     # VAL: VAL_NON_EMPTY(names, exc=SyncValidationError)
-    # >>> generated VAL_NON_EMPTY #e923a914e6 (edit the annotation, not this block)
-    if len(names) == 0:
-        raise SyncValidationError(f"names must not be empty, got {names!r}")
-    # <<< generated
+    check.non_empty("names", names, exc=SyncValidationError)  # generated #6afea93ecb
     # VAL: VAL_UNIQUE(names, exc=SyncValidationError)
-    # >>> generated VAL_UNIQUE #13107de95d (edit the annotation, not this block)
-    _val_seen: set = set()
-    _val_dups = [_val_item for _val_item in names if _val_item in _val_seen or _val_seen.add(_val_item)]
-    if _val_dups:
-        raise SyncValidationError(f"names must have unique elements, duplicates {_val_dups!r} in {names!r}")
-    # <<< generated
+    check.unique("names", names, exc=SyncValidationError)  # generated #d3eeae21fb
     # VAL: VAL_SUBSET(dtypes, of=SUPPORTED_DTYPES, exc=SyncValidationError)
-    # >>> generated VAL_SUBSET #838a7fcac8 (edit the annotation, not this block)
-    _val_extra = [_val_item for _val_item in dtypes if _val_item not in SUPPORTED_DTYPES]
-    if _val_extra:
-        raise SyncValidationError(f"dtypes must be a subset of {sorted(SUPPORTED_DTYPES, key=repr)!r}; not allowed: {_val_extra!r}")
-    # <<< generated
+    check.subset("dtypes", dtypes, of=SUPPORTED_DTYPES, exc=SyncValidationError)  # generated #479d677bf0
     specs: list[BucketSpec] = []
     buffers: list[torch.Tensor] = []
     for index, members in enumerate(plan_buckets(named, bucket_bytes)):
@@ -300,10 +280,7 @@ def verify_buckets(manifest: Manifest, buffers: Sequence[torch.Tensor]) -> None:
 def unpack_buckets(manifest: Manifest, buffers: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
     """Rebuild the named tensors as views into the flat buffers: no copy on the receiving side."""
     # AST: AST_PRECONDITION(len(buffers) == len(manifest.buckets), got=len(buffers), msg="one buffer per bucket")
-    # >>> generated AST_PRECONDITION #0253abc65c (edit the annotation, not this block)
-    if not (len(buffers) == len(manifest.buckets)):
-        raise AssertionError(f"Pre-condition: one buffer per bucket, got {len(buffers)!r}")
-    # <<< generated
+    check.precondition(len(buffers) == len(manifest.buckets), "one buffer per bucket", got_lazy=lambda: len(buffers))  # generated #a57f015102
     out: dict[str, torch.Tensor] = {}
     for spec, buffer in zip(manifest.buckets, buffers):
         for e in spec.entries:

@@ -13,6 +13,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from rollart.resource import checks as check
 from rollart.sync.bucket import Manifest, NamedTensors, unpack_buckets, verify_buckets
 from rollart.sync.errors import ChecksumMismatchError, SyncTimeoutError, SyncValidationError
 from rollart.sync.versioning import LATEST, VersionSpec
@@ -63,10 +64,7 @@ class PublishHandle:
     async def wait(self, timeout: float = DEFAULT_TIMEOUT_S) -> int:
         """Wait until the version is fetchable; return it. Raises the publish's error or SyncTimeoutError."""
         # VAL: VAL_TIMEOUT(timeout, exc=SyncValidationError)
-        # >>> generated VAL_TIMEOUT #a851cc4a4c (edit the annotation, not this block)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
-            raise SyncValidationError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
-        # <<< generated
+        check.timeout("timeout", timeout, exc=SyncValidationError)  # generated #fcfdcac0bb
         try:
             await asyncio.wait_for(asyncio.shield(self._task), timeout)
         except TimeoutError as exc:
@@ -107,10 +105,7 @@ async def fetch_verified(
     `loop.time()` instant bounding all attempts together.
     """
     # VAL: VAL_INT_RANGE(max_attempts, min=1, max=MAX_ATTEMPTS, exc=SyncValidationError)
-    # >>> generated VAL_INT_RANGE #80c4c23976 (edit the annotation, not this block)
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not (1 <= max_attempts <= MAX_ATTEMPTS):
-        raise SyncValidationError(f"max_attempts must be an integer in [{ 1 }, { MAX_ATTEMPTS }], got {max_attempts!r}")
-    # <<< generated
+    check.int_range("max_attempts", max_attempts, min=1, max=MAX_ATTEMPTS, exc=SyncValidationError)  # generated #2c4ddc2fe7
     loop = asyncio.get_running_loop()
     last_error: ChecksumMismatchError | None = None
     for attempt in range(1, max_attempts + 1):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from rollart.resource import checks as check
 from rollart.sync._waiting import wait_for_version
 from rollart.sync.bucket import DEFAULT_BUCKET_BYTES, NamedTensors, pack_buckets, unpack_buckets
 from rollart.sync.channel import DEFAULT_TIMEOUT_S, PublishHandle, WeightSnapshot, fetch_verified, finished_handle
@@ -21,10 +22,7 @@ class LocalChannel:
 
     def __init__(self, keep_last: int = 2, bucket_bytes: int = DEFAULT_BUCKET_BYTES, verify: bool = False) -> None:
         # VAL: VAL_POSITIVE(bucket_bytes, exc=SyncValidationError)
-        # >>> generated VAL_POSITIVE #2c8a84d390 (edit the annotation, not this block)
-        if not bucket_bytes > 0:
-            raise SyncValidationError(f"bucket_bytes must be > 0, got {bucket_bytes!r}")
-        # <<< generated
+        check.positive("bucket_bytes", bucket_bytes, exc=SyncValidationError)  # generated #e365418568
         self._retained = RetainedVersions(keep_last)
         self._bucket_bytes = bucket_bytes
         self._verify = verify
@@ -48,10 +46,7 @@ class LocalChannel:
             raise ChannelClosedError("LocalChannel is closed")
         latest = self._retained.latest
         # VAL: VAL_VERSION_MONOTONIC(version, latest, exc=StaleVersionError)
-        # >>> generated VAL_VERSION_MONOTONIC #7dc11f8284 (edit the annotation, not this block)
-        if latest is not None and not version > latest:
-            raise StaleVersionError(f"version must be > latest (versions never go backwards), got {version!r} with current {latest!r}")
-        # <<< generated
+        check.version_monotonic("version", version, latest, exc=StaleVersionError)  # generated #0c521e8dfd
         self._retained.add(pack_buckets(named_tensors, version, self._bucket_bytes))
         cond = self._condition()
 
@@ -67,10 +62,7 @@ class LocalChannel:
     async def fetch(self, version: VersionSpec = LATEST, timeout: float = DEFAULT_TIMEOUT_S) -> WeightSnapshot:
         """The newest (or the given) retained version; waits up to `timeout` s for one to be published."""
         # VAL: VAL_TIMEOUT(timeout, exc=SyncValidationError)
-        # >>> generated VAL_TIMEOUT #a851cc4a4c (edit the annotation, not this block)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
-            raise SyncValidationError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
-        # <<< generated
+        check.timeout("timeout", timeout, exc=SyncValidationError)  # generated #fcfdcac0bb
         if self._closed:
             raise ChannelClosedError("LocalChannel is closed")
         loop = asyncio.get_running_loop()

@@ -8,16 +8,20 @@ this package never imports rollart-proxy).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
 
+from rollart.resource import checks as check
 from rollart.sync.bucket import NamedTensors
 from rollart.sync.channel import DEFAULT_TIMEOUT_S, PublishHandle, WeightChannel
 from rollart.sync.errors import StaleVersionError, SyncError, SyncTimeoutError, SyncValidationError
 from rollart.sync.versioning import LATEST, VersionLedger, VersionSpec
+
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -48,10 +52,7 @@ class ModelUpdateGroup:
 
     def __init__(self, channel: WeightChannel, loaders: Sequence[WeightLoader] = (), timeout: float = DEFAULT_TIMEOUT_S) -> None:
         # VAL: VAL_TIMEOUT(timeout, exc=SyncValidationError)
-        # >>> generated VAL_TIMEOUT #a851cc4a4c (edit the annotation, not this block)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
-            raise SyncValidationError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
-        # <<< generated
+        check.timeout("timeout", timeout, exc=SyncValidationError)  # generated #fcfdcac0bb
         self._channel = channel
         self._loaders = list(loaders)
         self._timeout = timeout
@@ -79,10 +80,7 @@ class ModelUpdateGroup:
     def publish(self, named_tensors: NamedTensors, version: int) -> PublishHandle:
         """Publish `version` (strictly newer than the last) and return at once with the channel's handle."""
         # VAL: VAL_VERSION_MONOTONIC(version, self._published.current, exc=StaleVersionError)
-        # >>> generated VAL_VERSION_MONOTONIC #7860190cbb (edit the annotation, not this block)
-        if self._published.current is not None and not version > self._published.current:
-            raise StaleVersionError(f"version must be > self._published.current (versions never go backwards), got {version!r} with current {self._published.current!r}")
-        # <<< generated
+        check.version_monotonic("version", version, self._published.current, exc=StaleVersionError)  # generated #6e0d0cfa45
         handle = self._channel.publish(named_tensors, version)
         self._published.advance(version)
         return handle
@@ -95,10 +93,7 @@ class ModelUpdateGroup:
         """
         limit = self._timeout if timeout is None else timeout
         # VAL: VAL_TIMEOUT(limit, exc=SyncValidationError)
-        # >>> generated VAL_TIMEOUT #ed4fd0b9ea (edit the annotation, not this block)
-        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not (limit - limit == 0) or not limit > 0:
-            raise SyncValidationError(f"limit must be a finite timeout > 0 seconds, got {limit!r}")
-        # <<< generated
+        check.timeout("limit", limit, exc=SyncValidationError)  # generated #fa7df66203
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limit
         snapshot = await self._channel.fetch(version, timeout=limit)
@@ -128,20 +123,15 @@ class ModelUpdateGroup:
                     f"workers {[i for i, _ in failures]} failed to load version {snapshot.version}: {error!r}"
                 ) from error
             # AST: AST_POSTCONDITION(self._all_hold(snapshot.version), got=self.worker_versions(), msg="every worker holds the fetched version or newer")
-            # >>> generated AST_POSTCONDITION #a77e46403f (edit the annotation, not this block)
-            if not (self._all_hold(snapshot.version)):
-                raise AssertionError(f"Post-condition: every worker holds the fetched version or newer, got {self.worker_versions()!r}")
-            # <<< generated
+            check.postcondition(self._all_hold(snapshot.version), "every worker holds the fetched version or newer", got_lazy=lambda: self.worker_versions())  # generated #d7c783353e
+        log.info("version %d loaded into workers %s (skipped %s)", snapshot.version, targets, list(skipped))
         return UpdateReport(version=snapshot.version, applied=tuple(targets), skipped=skipped, attempts=snapshot.attempts)
 
     async def model_update(self, named_tensors: NamedTensors, version: int, timeout: float | None = None) -> UpdateReport:
         """Publish, wait until fetchable, and update the local workers: the synchronous pipeline's one call."""
         limit = self._timeout if timeout is None else timeout
         # VAL: VAL_TIMEOUT(limit, exc=SyncValidationError)
-        # >>> generated VAL_TIMEOUT #ed4fd0b9ea (edit the annotation, not this block)
-        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not (limit - limit == 0) or not limit > 0:
-            raise SyncValidationError(f"limit must be a finite timeout > 0 seconds, got {limit!r}")
-        # <<< generated
+        check.timeout("limit", limit, exc=SyncValidationError)  # generated #fa7df66203
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limit
         await self.publish(named_tensors, version).wait(limit)

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from rollart.resource import checks as check
 from rollart.sync.bucket import (
     DEFAULT_BUCKET_BYTES,
     SUPPORTED_DTYPES,
@@ -107,20 +108,11 @@ class MooncakeChannel:
         poll_interval: float = 0.05,
     ) -> None:
         # VAL: VAL_INT_RANGE(keep_last, min=1, max=MAX_KEEP_LAST, exc=SyncValidationError)
-        # >>> generated VAL_INT_RANGE #5b4f8cf01b (edit the annotation, not this block)
-        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or not (1 <= keep_last <= MAX_KEEP_LAST):
-            raise SyncValidationError(f"keep_last must be an integer in [{ 1 }, { MAX_KEEP_LAST }], got {keep_last!r}")
-        # <<< generated
+        check.int_range("keep_last", keep_last, min=1, max=MAX_KEEP_LAST, exc=SyncValidationError)  # generated #e87345e87b
         # VAL: VAL_INT_RANGE(max_attempts, min=1, max=MAX_ATTEMPTS, exc=SyncValidationError)
-        # >>> generated VAL_INT_RANGE #80c4c23976 (edit the annotation, not this block)
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not (1 <= max_attempts <= MAX_ATTEMPTS):
-            raise SyncValidationError(f"max_attempts must be an integer in [{ 1 }, { MAX_ATTEMPTS }], got {max_attempts!r}")
-        # <<< generated
+        check.int_range("max_attempts", max_attempts, min=1, max=MAX_ATTEMPTS, exc=SyncValidationError)  # generated #2c4ddc2fe7
         # VAL: VAL_POSITIVE(poll_interval, exc=SyncValidationError)
-        # >>> generated VAL_POSITIVE #5e13d3cd55 (edit the annotation, not this block)
-        if not poll_interval > 0:
-            raise SyncValidationError(f"poll_interval must be > 0, got {poll_interval!r}")
-        # <<< generated
+        check.positive("poll_interval", poll_interval, exc=SyncValidationError)  # generated #9042e9ad35
         self._store = store
         self._prefix = f"rollart/{model}"
         self._keep_last = keep_last
@@ -147,10 +139,7 @@ class MooncakeChannel:
     ) -> MooncakeChannel:
         """Set up a store client (in a thread, under a deadline) and wrap it."""
         # VAL: VAL_TIMEOUT(timeout, exc=SyncValidationError)
-        # >>> generated VAL_TIMEOUT #a851cc4a4c (edit the annotation, not this block)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
-            raise SyncValidationError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
-        # <<< generated
+        check.timeout("timeout", timeout, exc=SyncValidationError)  # generated #fcfdcac0bb
         reason = mooncake_unavailable_reason()
         if reason is not None:
             raise SyncError(reason)
@@ -281,10 +270,7 @@ class MooncakeChannel:
         if self._closed:
             raise ChannelClosedError("MooncakeChannel is closed")
         # VAL: VAL_VERSION_MONOTONIC(version, self._published.current, exc=StaleVersionError)
-        # >>> generated VAL_VERSION_MONOTONIC #7860190cbb (edit the annotation, not this block)
-        if self._published.current is not None and not version > self._published.current:
-            raise StaleVersionError(f"version must be > self._published.current (versions never go backwards), got {version!r} with current {self._published.current!r}")
-        # <<< generated
+        check.version_monotonic("version", version, self._published.current, exc=StaleVersionError)  # generated #6e0d0cfa45
         spare, self._spare = self._spare, []
         # the copy now (the snapshot); the CRCs while the buckets are put (D34)
         packed = pack_buckets(named_tensors, version, self._bucket_bytes, spare=spare, checksums=False)
@@ -313,10 +299,7 @@ class MooncakeChannel:
     async def latest_version(self, timeout: float = DEFAULT_TIMEOUT_S) -> int | None:
         """The version the latest pointer names, None if nothing was published."""
         # VAL: VAL_TIMEOUT(timeout, exc=SyncValidationError)
-        # >>> generated VAL_TIMEOUT #a851cc4a4c (edit the annotation, not this block)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
-            raise SyncValidationError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
-        # <<< generated
+        check.timeout("timeout", timeout, exc=SyncValidationError)  # generated #fcfdcac0bb
         try:
             return await asyncio.wait_for(asyncio.to_thread(self._get_latest), timeout)
         except TimeoutError as exc:
@@ -325,10 +308,7 @@ class MooncakeChannel:
     async def fetch(self, version: VersionSpec = LATEST, timeout: float = DEFAULT_TIMEOUT_S) -> WeightSnapshot:
         """Fetch a version on demand (zero-copy batch get), verify, refetch on mismatch."""
         # VAL: VAL_TIMEOUT(timeout, exc=SyncValidationError)
-        # >>> generated VAL_TIMEOUT #a851cc4a4c (edit the annotation, not this block)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
-            raise SyncValidationError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
-        # <<< generated
+        check.timeout("timeout", timeout, exc=SyncValidationError)  # generated #fcfdcac0bb
         if self._closed:
             raise ChannelClosedError("MooncakeChannel is closed")
         loop = asyncio.get_running_loop()

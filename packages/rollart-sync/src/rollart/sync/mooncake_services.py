@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rollart.resource import checks as check
 from rollart.sync.errors import SyncError, SyncTimeoutError, SyncValidationError
 from rollart.sync.mooncake import MooncakeConfig
 
@@ -68,10 +69,7 @@ class MooncakeServices:
     async def start(self, timeout: float = 30.0) -> MooncakeConfig:
         """Start both services on free ports and wait until they accept connections."""
         # VAL: VAL_TIMEOUT(timeout, exc=SyncValidationError)
-        # >>> generated VAL_TIMEOUT #a851cc4a4c (edit the annotation, not this block)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
-            raise SyncValidationError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
-        # <<< generated
+        check.timeout("timeout", timeout, exc=SyncValidationError)  # generated #fcfdcac0bb
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         rpc, http, metrics = _free_port(self._host), _free_port(self._host), _free_port(self._host)
@@ -100,10 +98,7 @@ class MooncakeServices:
     async def stop(self, timeout: float = 10.0) -> None:
         """Terminate both services (kill after the deadline)."""
         # VAL: VAL_TIMEOUT(timeout, exc=SyncValidationError)
-        # >>> generated VAL_TIMEOUT #a851cc4a4c (edit the annotation, not this block)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
-            raise SyncValidationError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
-        # <<< generated
+        check.timeout("timeout", timeout, exc=SyncValidationError)  # generated #fcfdcac0bb
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         for proc in self._procs:

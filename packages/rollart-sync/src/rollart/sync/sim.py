@@ -20,6 +20,7 @@ import math
 
 import torch
 
+from rollart.resource import checks as check
 from rollart.sync.bucket import DEFAULT_BUCKET_BYTES, NamedTensors
 from rollart.sync.channel import DEFAULT_TIMEOUT_S, PublishHandle, WeightSnapshot
 from rollart.sync.errors import ChannelClosedError, StaleVersionError, SyncTimeoutError, SyncValidationError
@@ -31,25 +32,13 @@ def transfer_seconds(nbytes: float, link_gbps: float, bucket_bytes: int = DEFAUL
                      bucket_latency_s: float = 1e-4) -> float:
     """ceil(bytes / bucket) x per-bucket latency + bytes / bandwidth (D14)."""
     # VAL: VAL_NON_NEGATIVE(nbytes, exc=SyncValidationError)
-    # >>> generated VAL_NON_NEGATIVE #4fa007f32f (edit the annotation, not this block)
-    if not nbytes >= 0:
-        raise SyncValidationError(f"nbytes must be >= 0, got {nbytes!r}")
-    # <<< generated
+    check.non_negative("nbytes", nbytes, exc=SyncValidationError)  # generated #2044143d8c
     # VAL: VAL_POSITIVE(link_gbps, exc=SyncValidationError)
-    # >>> generated VAL_POSITIVE #8db0bfbe18 (edit the annotation, not this block)
-    if not link_gbps > 0:
-        raise SyncValidationError(f"link_gbps must be > 0, got {link_gbps!r}")
-    # <<< generated
+    check.positive("link_gbps", link_gbps, exc=SyncValidationError)  # generated #337de27333
     # VAL: VAL_POSITIVE(bucket_bytes, exc=SyncValidationError)
-    # >>> generated VAL_POSITIVE #2c8a84d390 (edit the annotation, not this block)
-    if not bucket_bytes > 0:
-        raise SyncValidationError(f"bucket_bytes must be > 0, got {bucket_bytes!r}")
-    # <<< generated
+    check.positive("bucket_bytes", bucket_bytes, exc=SyncValidationError)  # generated #e365418568
     # VAL: VAL_NON_NEGATIVE(bucket_latency_s, exc=SyncValidationError)
-    # >>> generated VAL_NON_NEGATIVE #1d72c36f90 (edit the annotation, not this block)
-    if not bucket_latency_s >= 0:
-        raise SyncValidationError(f"bucket_latency_s must be >= 0, got {bucket_latency_s!r}")
-    # <<< generated
+    check.non_negative("bucket_latency_s", bucket_latency_s, exc=SyncValidationError)  # generated #e0b942981f
     return math.ceil(nbytes / bucket_bytes) * bucket_latency_s + nbytes / (link_gbps * 1e9)
 
 
@@ -61,10 +50,7 @@ class SimChannel:
         """Check the figures once; versions are kept by an inner LocalChannel."""
         # deps: transfer_seconds, LocalChannel
         # VAL: VAL_POSITIVE(weight_bytes, exc=SyncValidationError)
-        # >>> generated VAL_POSITIVE #c094738779 (edit the annotation, not this block)
-        if not weight_bytes > 0:
-            raise SyncValidationError(f"weight_bytes must be > 0, got {weight_bytes!r}")
-        # <<< generated
+        check.positive("weight_bytes", weight_bytes, exc=SyncValidationError)  # generated #feeca62050
         self.weight_bytes = weight_bytes
         self._publish_s = transfer_seconds(weight_bytes, link_gbps, bucket_bytes, bucket_latency_s)
         self._fetch_s = 0.0 if fetch_link_gbps is None else transfer_seconds(weight_bytes, fetch_link_gbps, bucket_bytes, bucket_latency_s)
@@ -89,10 +75,7 @@ class SimChannel:
         if self._closed:
             raise ChannelClosedError("SimChannel is closed")
         # VAL: VAL_VERSION_MONOTONIC(version, self._last, exc=StaleVersionError)
-        # >>> generated VAL_VERSION_MONOTONIC #a8c71543d2 (edit the annotation, not this block)
-        if self._last is not None and not version > self._last:
-            raise StaleVersionError(f"version must be > self._last (versions never go backwards), got {version!r} with current {self._last!r}")
-        # <<< generated
+        check.version_monotonic("version", version, self._last, exc=StaleVersionError)  # generated #bac318640f
         self._last = version
         token = {"sim.version": torch.tensor([version], dtype=torch.int64)}  # the tensors given are not moved
 
@@ -109,10 +92,7 @@ class SimChannel:
         """Wait for the version as LocalChannel does, then `fetch_seconds`, all within `timeout`."""
         # deps: LocalChannel.fetch
         # VAL: VAL_TIMEOUT(timeout, exc=SyncValidationError)
-        # >>> generated VAL_TIMEOUT #a851cc4a4c (edit the annotation, not this block)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
-            raise SyncValidationError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
-        # <<< generated
+        check.timeout("timeout", timeout, exc=SyncValidationError)  # generated #fcfdcac0bb
         if self._closed:
             raise ChannelClosedError("SimChannel is closed")
         loop = asyncio.get_running_loop()

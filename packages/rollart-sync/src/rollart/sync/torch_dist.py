@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from rollart.resource import checks as check
 from rollart.sync._waiting import pick_version
 from rollart.sync.bucket import (
     DEFAULT_BUCKET_BYTES,
@@ -86,15 +87,9 @@ class TorchDistributedChannel:
         import torch.distributed as dist
 
         # VAL: VAL_INT_RANGE(max_attempts, min=1, max=MAX_ATTEMPTS, exc=SyncValidationError)
-        # >>> generated VAL_INT_RANGE #80c4c23976 (edit the annotation, not this block)
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not (1 <= max_attempts <= MAX_ATTEMPTS):
-            raise SyncValidationError(f"max_attempts must be an integer in [{ 1 }, { MAX_ATTEMPTS }], got {max_attempts!r}")
-        # <<< generated
+        check.int_range("max_attempts", max_attempts, min=1, max=MAX_ATTEMPTS, exc=SyncValidationError)  # generated #2c4ddc2fe7
         # AST: AST_PRECONDITION(dist.is_initialized(), got=group, msg="torch.distributed process group initialised before the channel")
-        # >>> generated AST_PRECONDITION #7c8d485f51 (edit the annotation, not this block)
-        if not (dist.is_initialized()):
-            raise AssertionError(f"Pre-condition: torch.distributed process group initialised before the channel, got {group!r}")
-        # <<< generated
+        check.precondition(dist.is_initialized(), "torch.distributed process group initialised before the channel", got=group)  # generated #7dfde607c4
         self._dist = dist
         self._group = group
         self._rank = dist.get_rank()
@@ -206,15 +201,9 @@ class TorchDistributedChannel:
         if self._closed:
             raise ChannelClosedError("TorchDistributedChannel is closed")
         # AST: AST_PRECONDITION(self.is_source, got=self._rank, msg="only src_rank publishes")
-        # >>> generated AST_PRECONDITION #79398a6721 (edit the annotation, not this block)
-        if not (self.is_source):
-            raise AssertionError(f"Pre-condition: only src_rank publishes, got {self._rank!r}")
-        # <<< generated
+        check.precondition(self.is_source, "only src_rank publishes", got=self._rank)  # generated #dee1f1fe8c
         # VAL: VAL_VERSION_MONOTONIC(version, self._published.current, exc=StaleVersionError)
-        # >>> generated VAL_VERSION_MONOTONIC #7860190cbb (edit the annotation, not this block)
-        if self._published.current is not None and not version > self._published.current:
-            raise StaleVersionError(f"version must be > self._published.current (versions never go backwards), got {version!r} with current {self._published.current!r}")
-        # <<< generated
+        check.version_monotonic("version", version, self._published.current, exc=StaleVersionError)  # generated #6e0d0cfa45
         spare, self._spare = self._spare, []
         # the copy now (the snapshot); the CRCs on the collective thread while the chunks move (D34)
         packed = pack_buckets(named_tensors, version, self._bucket_bytes, spare=spare, checksums=False)
@@ -239,10 +228,7 @@ class TorchDistributedChannel:
         broadcast is lost and every rank stays in step.
         """
         # VAL: VAL_TIMEOUT(timeout, exc=SyncValidationError)
-        # >>> generated VAL_TIMEOUT #a851cc4a4c (edit the annotation, not this block)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout - timeout == 0) or not timeout > 0:
-            raise SyncValidationError(f"timeout must be a finite timeout > 0 seconds, got {timeout!r}")
-        # <<< generated
+        check.timeout("timeout", timeout, exc=SyncValidationError)  # generated #fcfdcac0bb
         if self._closed:
             raise ChannelClosedError("TorchDistributedChannel is closed")
         if version != LATEST and pick_version(self._retained, version) is not None:

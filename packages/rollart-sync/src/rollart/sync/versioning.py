@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Literal, Union
 
+from rollart.resource import checks as check
 from rollart.sync.bucket import PackedWeights
 from rollart.sync.errors import StaleVersionError, SyncValidationError
 
@@ -36,10 +37,7 @@ class VersionLedger:
     def advance(self, version: int) -> None:
         """Record that `version` is now held; raises StaleVersionError if it is not strictly newer."""
         # VAL: VAL_VERSION_MONOTONIC(version, self._current, exc=StaleVersionError)
-        # >>> generated VAL_VERSION_MONOTONIC #cbf0bf9d35 (edit the annotation, not this block)
-        if self._current is not None and not version > self._current:
-            raise StaleVersionError(f"version must be > self._current (versions never go backwards), got {version!r} with current {self._current!r}")
-        # <<< generated
+        check.version_monotonic("version", version, self._current, exc=StaleVersionError)  # generated #4b26360f45
         self._current = version
 
 
@@ -48,10 +46,7 @@ class RetainedVersions:
 
     def __init__(self, keep_last: int) -> None:
         # VAL: VAL_INT_RANGE(keep_last, min=1, max=MAX_KEEP_LAST, exc=SyncValidationError)
-        # >>> generated VAL_INT_RANGE #5b4f8cf01b (edit the annotation, not this block)
-        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or not (1 <= keep_last <= MAX_KEEP_LAST):
-            raise SyncValidationError(f"keep_last must be an integer in [{ 1 }, { MAX_KEEP_LAST }], got {keep_last!r}")
-        # <<< generated
+        check.int_range("keep_last", keep_last, min=1, max=MAX_KEEP_LAST, exc=SyncValidationError)  # generated #e87345e87b
         self._keep_last = keep_last
         self._packed: OrderedDict[int, PackedWeights] = OrderedDict()
 
@@ -68,10 +63,7 @@ class RetainedVersions:
     def add(self, packed: PackedWeights) -> list[int]:
         """Keep a new, strictly newer version; return the versions evicted to stay within `keep_last`."""
         # VAL: VAL_VERSION_MONOTONIC(packed.manifest.version, self.latest, exc=StaleVersionError)
-        # >>> generated VAL_VERSION_MONOTONIC #c66965d512 (edit the annotation, not this block)
-        if self.latest is not None and not packed.manifest.version > self.latest:
-            raise StaleVersionError(f"packed.manifest.version must be > self.latest (versions never go backwards), got {packed.manifest.version!r} with current {self.latest!r}")
-        # <<< generated
+        check.version_monotonic("packed.manifest.version", packed.manifest.version, self.latest, exc=StaleVersionError)  # generated #780c31bf3b
         self._packed[packed.manifest.version] = packed
         evicted = []
         while len(self._packed) > self._keep_last:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from rollart.resource import checks as check
 from rollart.train.errors import TrainError
 
 
@@ -34,20 +35,11 @@ def grpo_advantages(
     (float64 for integer rewards).
     """
     # VAL: VAL_POSITIVE(eps, exc=TrainError)
-    # >>> generated VAL_POSITIVE #fae1f4a830 (edit the annotation, not this block)
-    if not eps > 0:
-        raise TrainError(f"eps must be > 0, got {eps!r}")
-    # <<< generated
+    check.positive("eps", eps, exc=TrainError)  # generated #83a4215c6a
     # VAL: VAL_NON_NEGATIVE(zero_std_tol, exc=TrainError)
-    # >>> generated VAL_NON_NEGATIVE #dad626b745 (edit the annotation, not this block)
-    if not zero_std_tol >= 0:
-        raise TrainError(f"zero_std_tol must be >= 0, got {zero_std_tol!r}")
-    # <<< generated
+    check.non_negative("zero_std_tol", zero_std_tol, exc=TrainError)  # generated #d07f500a78
     # AST: AST_PRECONDITION(rewards.dim() == 1 and rewards.shape == group_ids.shape, got=(tuple(rewards.shape), tuple(group_ids.shape)), msg="rewards and group_ids are 1-D of the same length", exc=TrainError)
-    # >>> generated AST_PRECONDITION #362a28aa43 (edit the annotation, not this block)
-    if not (rewards.dim() == 1 and rewards.shape == group_ids.shape):
-        raise TrainError(f"Pre-condition: rewards and group_ids are 1-D of the same length, got {(tuple(rewards.shape), tuple(group_ids.shape))!r}")
-    # <<< generated
+    check.precondition(rewards.dim() == 1 and rewards.shape == group_ids.shape, "rewards and group_ids are 1-D of the same length", got_lazy=lambda: (tuple(rewards.shape), tuple(group_ids.shape)), exc=TrainError)  # generated #307cfc34bd
     rewards_dtype, rewards = rewards.dtype, rewards.to(torch.float64)
     _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
     num_groups = counts.shape[0]

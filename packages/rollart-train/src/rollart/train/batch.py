@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from rollart.resource import checks as check
 from rollart.train.advantages import grpo_advantages
 from rollart.train.errors import TrainError
 
@@ -112,15 +113,9 @@ def build_train_batch(
     """
     # deps: validate_train_sample, grpo_advantages
     # VAL: VAL_NON_EMPTY(samples, exc=TrainError)
-    # >>> generated VAL_NON_EMPTY #950ca76183 (edit the annotation, not this block)
-    if len(samples) == 0:
-        raise TrainError(f"samples must not be empty, got {samples!r}")
-    # <<< generated
+    check.non_empty("samples", samples, exc=TrainError)  # generated #5cc6b4a2ba
     # VAL: VAL_INT_RANGE(pad_token_id, min=0, max=2**31 - 1, exc=TrainError)
-    # >>> generated VAL_INT_RANGE #280bab40ee (edit the annotation, not this block)
-    if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int) or not (0 <= pad_token_id <= 2 ** 31 - 1):
-        raise TrainError(f"pad_token_id must be an integer in [{ 0 }, { 2 ** 31 - 1 }], got {pad_token_id!r}")
-    # <<< generated
+    check.int_range("pad_token_id", pad_token_id, min=0, max=2**31 - 1, exc=TrainError)  # generated #26c12f5d56
     for i, sample in enumerate(samples):
         validate_train_sample(sample, i)
     with_ref = [s.reference_log_probs is not None for s in samples]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rollart.resource import checks as check
 from rollart.train.batch import TrainBatch
 from rollart.train.errors import TrainError
 
@@ -44,30 +45,15 @@ class LossConfig:
 
     def __post_init__(self) -> None:
         # VAL: VAL_POSITIVE(self.clip_eps_low, exc=TrainError)
-        # >>> generated VAL_POSITIVE #13a5574b16 (edit the annotation, not this block)
-        if not self.clip_eps_low > 0:
-            raise TrainError(f"self.clip_eps_low must be > 0, got {self.clip_eps_low!r}")
-        # <<< generated
+        check.positive("clip_eps_low", self.clip_eps_low, exc=TrainError)  # generated #94ec792dcc
         # VAL: VAL_POSITIVE(self.clip_eps_high, exc=TrainError)
-        # >>> generated VAL_POSITIVE #16507f1114 (edit the annotation, not this block)
-        if not self.clip_eps_high > 0:
-            raise TrainError(f"self.clip_eps_high must be > 0, got {self.clip_eps_high!r}")
-        # <<< generated
+        check.positive("clip_eps_high", self.clip_eps_high, exc=TrainError)  # generated #7613e40b91
         # VAL: VAL_NON_NEGATIVE(self.kl_coef, exc=TrainError)
-        # >>> generated VAL_NON_NEGATIVE #717a80cd6b (edit the annotation, not this block)
-        if not self.kl_coef >= 0:
-            raise TrainError(f"self.kl_coef must be >= 0, got {self.kl_coef!r}")
-        # <<< generated
+        check.non_negative("kl_coef", self.kl_coef, exc=TrainError)  # generated #2c6a7fe608
         # VAL: VAL_NON_NEGATIVE(self.entropy_coef, exc=TrainError)
-        # >>> generated VAL_NON_NEGATIVE #eb7bc3eb48 (edit the annotation, not this block)
-        if not self.entropy_coef >= 0:
-            raise TrainError(f"self.entropy_coef must be >= 0, got {self.entropy_coef!r}")
-        # <<< generated
+        check.non_negative("entropy_coef", self.entropy_coef, exc=TrainError)  # generated #0e092e805c
         # VAL: VAL_ONE_OF(self.aggregation, choices=AGGREGATIONS, exc=TrainError)
-        # >>> generated VAL_ONE_OF #1b9b954e4c (edit the annotation, not this block)
-        if self.aggregation not in AGGREGATIONS:
-            raise TrainError(f"self.aggregation must be one of {sorted(AGGREGATIONS, key=repr)!r}, got {self.aggregation!r}")
-        # <<< generated
+        check.one_of("aggregation", self.aggregation, AGGREGATIONS, exc=TrainError)  # generated #20532d4495
 
 
 def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:
@@ -84,10 +70,7 @@ def token_log_probs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tens
     precision logits are upcast to float32 for the softmax.
     """
     # AST: AST_PRECONDITION(logits.shape[:2] == input_ids.shape, got=(tuple(logits.shape), tuple(input_ids.shape)), msg="logits are [B, T, V] for input_ids [B, T]", exc=TrainError)
-    # >>> generated AST_PRECONDITION #60b01cee4f (edit the annotation, not this block)
-    if not (logits.shape[:2] == input_ids.shape):
-        raise TrainError(f"Pre-condition: logits are [B, T, V] for input_ids [B, T], got {(tuple(logits.shape), tuple(input_ids.shape))!r}")
-    # <<< generated
+    check.precondition(logits.shape[:2] == input_ids.shape, "logits are [B, T, V] for input_ids [B, T]", got_lazy=lambda: (tuple(logits.shape), tuple(input_ids.shape)), exc=TrainError)  # generated #88b3d927b8
     log_softmax = torch.log_softmax(_at_least_float32(logits[:, :-1]), dim=-1)
     picked = torch.gather(log_softmax, -1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
@@ -116,10 +99,7 @@ def ppo_clip_loss(
     all [B, T] and zero (ratio one) outside `loss_mask`; `advantages` is [B] or [B, T].
     """
     # AST: AST_PRECONDITION(log_probs.shape == behaviour_log_probs.shape == loss_mask.shape, got=(tuple(log_probs.shape), tuple(behaviour_log_probs.shape), tuple(loss_mask.shape)), msg="log_probs, behaviour_log_probs and loss_mask have one shape", exc=TrainError)
-    # >>> generated AST_PRECONDITION #48d5e55b2d (edit the annotation, not this block)
-    if not (log_probs.shape == behaviour_log_probs.shape == loss_mask.shape):
-        raise TrainError(f"Pre-condition: log_probs, behaviour_log_probs and loss_mask have one shape, got {(tuple(log_probs.shape), tuple(behaviour_log_probs.shape), tuple(loss_mask.shape))!r}")
-    # <<< generated
+    check.precondition(log_probs.shape == behaviour_log_probs.shape == loss_mask.shape, "log_probs, behaviour_log_probs and loss_mask have one shape", got_lazy=lambda: (tuple(log_probs.shape), tuple(behaviour_log_probs.shape), tuple(loss_mask.shape)), exc=TrainError)  # generated #66f2c1d855
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1).expand_as(log_probs)
     log_ratio = torch.where(loss_mask, log_probs - behaviour_log_probs, torch.zeros_like(log_probs))
@@ -157,20 +137,11 @@ def masked_aggregate(
     `num_tokens` / `num_sequences` are those of the whole batch, so micro-batch results add up.
     """
     # VAL: VAL_ONE_OF(mode, choices=AGGREGATIONS, exc=TrainError)
-    # >>> generated VAL_ONE_OF #5bcccf66eb (edit the annotation, not this block)
-    if mode not in AGGREGATIONS:
-        raise TrainError(f"mode must be one of {sorted(AGGREGATIONS, key=repr)!r}, got {mode!r}")
-    # <<< generated
+    check.one_of("mode", mode, AGGREGATIONS, exc=TrainError)  # generated #96e4446c99
     # VAL: VAL_POSITIVE(num_tokens, exc=TrainError)
-    # >>> generated VAL_POSITIVE #513a88fbdd (edit the annotation, not this block)
-    if not num_tokens > 0:
-        raise TrainError(f"num_tokens must be > 0, got {num_tokens!r}")
-    # <<< generated
+    check.positive("num_tokens", num_tokens, exc=TrainError)  # generated #153060f7cd
     # VAL: VAL_POSITIVE(num_sequences, exc=TrainError)
-    # >>> generated VAL_POSITIVE #007faac356 (edit the annotation, not this block)
-    if not num_sequences > 0:
-        raise TrainError(f"num_sequences must be > 0, got {num_sequences!r}")
-    # <<< generated
+    check.positive("num_sequences", num_sequences, exc=TrainError)  # generated #8b7469eac4
     masked = torch.where(loss_mask, values, torch.zeros_like(values))
     if mode == "token_mean":
         return masked.sum() / num_tokens

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import LlamaConfig
 
+from rollart.resource import checks as check
 from rollart.train.errors import TrainError
 
 if TYPE_CHECKING:
@@ -51,10 +52,7 @@ def megatron_config_from_hf(hf_config: LlamaConfig) -> TransformerConfig:
     (RL log-probs must be deterministic) and no fused kernels (they need CUDA / Apex / TE).
     """
     # VAL: VAL_ONE_OF(hf_config.model_type, choices=SUPPORTED_MODEL_TYPES, exc=TrainError)
-    # >>> generated VAL_ONE_OF #1f3285d5cb (edit the annotation, not this block)
-    if hf_config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise TrainError(f"hf_config.model_type must be one of {sorted(SUPPORTED_MODEL_TYPES, key=repr)!r}, got {hf_config.model_type!r}")
-    # <<< generated
+    check.one_of("hf_config.model_type", hf_config.model_type, SUPPORTED_MODEL_TYPES, exc=TrainError)  # generated #a7b6e9aa43
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     return TransformerConfig(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig
 
+from rollart.resource import checks as check
 from rollart.train.errors import TrainError
 from rollart.train.megatron_convert import (
     hf_to_megatron_state_dict,
@@ -68,10 +69,7 @@ class MegatronTrainer(TorchTrainer):
         """
         # deps: megatron_config_from_hf, hf_to_megatron_state_dict
         # AST: AST_PRECONDITION(parallel_state.model_parallel_is_initialized(), got=torch.distributed.is_initialized(), msg="megatron parallel state is initialized (initialize_model_parallel); got is torch.distributed.is_initialized()", exc=TrainError)
-        # >>> generated AST_PRECONDITION #2a89d342db (edit the annotation, not this block)
-        if not (parallel_state.model_parallel_is_initialized()):
-            raise TrainError(f"Pre-condition: megatron parallel state is initialized (initialize_model_parallel); got is torch.distributed.is_initialized(), got {torch.distributed.is_initialized()!r}")
-        # <<< generated
+        check.precondition(parallel_state.model_parallel_is_initialized(), "megatron parallel state is initialized (initialize_model_parallel); got is torch.distributed.is_initialized()", got_lazy=lambda: torch.distributed.is_initialized(), exc=TrainError)  # generated #b68c6c029a
         self.hf_config = hf_config
         transformer_config = megatron_config_from_hf(hf_config)
         with megatron_cpu_context(), torch.random.fork_rng(devices=[]):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig
 
+from rollart.resource import checks as check
 from rollart.train.errors import TrainError
 
 
@@ -24,10 +25,7 @@ def tiny_llama_config(
     so the QKV split is exercised.
     """
     # VAL: VAL_INT_RANGE(vocab_size, min=2, max=1_000_000, exc=TrainError)
-    # >>> generated VAL_INT_RANGE #7ad5c293f5 (edit the annotation, not this block)
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not (2 <= vocab_size <= 1000000):
-        raise TrainError(f"vocab_size must be an integer in [{ 2 }, { 1000000 }], got {vocab_size!r}")
-    # <<< generated
+    check.int_range("vocab_size", vocab_size, min=2, max=1_000_000, exc=TrainError)  # generated #5e44da83b3
     return LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden_size,

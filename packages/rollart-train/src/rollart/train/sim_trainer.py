@@ -23,6 +23,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from rollart.resource import checks as check
 from rollart.resource.hardware import HardwareSpec
 from rollart.train.batch import TrainBatch
 from rollart.train.errors import TrainError
@@ -49,30 +50,15 @@ def train_step_cost(n_params: float, tokens: int, devices: int, hardware: Hardwa
     """6 P T / (n F mfu) plus a ring all-reduce of the gradients over the hardware's collective bandwidth (D14)."""
     # deps: HardwareSpec.collective_gbps
     # VAL: VAL_POSITIVE(n_params, exc=TrainError)
-    # >>> generated VAL_POSITIVE #00fd2b334a (edit the annotation, not this block)
-    if not n_params > 0:
-        raise TrainError(f"n_params must be > 0, got {n_params!r}")
-    # <<< generated
+    check.positive("n_params", n_params, exc=TrainError)  # generated #3b1a3e238f
     # VAL: VAL_INT_RANGE(tokens, min=0, max=1 << 50, exc=TrainError)
-    # >>> generated VAL_INT_RANGE #269750f935 (edit the annotation, not this block)
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or not (0 <= tokens <= 1 << 50):
-        raise TrainError(f"tokens must be an integer in [{ 0 }, { 1 << 50 }], got {tokens!r}")
-    # <<< generated
+    check.int_range("tokens", tokens, min=0, max=1 << 50, exc=TrainError)  # generated #9bb5fc0dda
     # VAL: VAL_INT_RANGE(devices, min=1, max=1 << 20, exc=TrainError)
-    # >>> generated VAL_INT_RANGE #ea4a3a7bce (edit the annotation, not this block)
-    if isinstance(devices, bool) or not isinstance(devices, int) or not (1 <= devices <= 1 << 20):
-        raise TrainError(f"devices must be an integer in [{ 1 }, { 1 << 20 }], got {devices!r}")
-    # <<< generated
+    check.int_range("devices", devices, min=1, max=1 << 20, exc=TrainError)  # generated #e9bc0cbd5b
     # AST: AST_PRECONDITION(0.0 < mfu <= 1.0, got=mfu, msg="mfu in (0, 1]", exc=TrainError)
-    # >>> generated AST_PRECONDITION #32104c4b74 (edit the annotation, not this block)
-    if not (0.0 < mfu <= 1.0):
-        raise TrainError(f"Pre-condition: mfu in (0, 1], got {mfu!r}")
-    # <<< generated
+    check.precondition(0.0 < mfu <= 1.0, "mfu in (0, 1]", got=mfu, exc=TrainError)  # generated #e4b0c47fe1
     # VAL: VAL_POSITIVE(grad_bytes_per_param, exc=TrainError)
-    # >>> generated VAL_POSITIVE #189ec4589e (edit the annotation, not this block)
-    if not grad_bytes_per_param > 0:
-        raise TrainError(f"grad_bytes_per_param must be > 0, got {grad_bytes_per_param!r}")
-    # <<< generated
+    check.positive("grad_bytes_per_param", grad_bytes_per_param, exc=TrainError)  # generated #6d924f018f
     compute = 6.0 * n_params * tokens / (devices * hardware.tflops_bf16 * 1e12 * mfu)
     allreduce = 0.0
     if devices > 1:
@@ -99,15 +85,9 @@ class SimTrainer:
         """Check the figures once (a bad one fails here, not at the first step)."""
         # deps: train_step_cost
         # VAL: VAL_INT_RANGE(version, min=0, max=2**62, exc=TrainError)
-        # >>> generated VAL_INT_RANGE #ea3cdcf7fd (edit the annotation, not this block)
-        if isinstance(version, bool) or not isinstance(version, int) or not (0 <= version <= 2 ** 62):
-            raise TrainError(f"version must be an integer in [{ 0 }, { 2 ** 62 }], got {version!r}")
-        # <<< generated
+        check.int_range("version", version, min=0, max=2**62, exc=TrainError)  # generated #f5ac0a70a8
         # VAL: VAL_POSITIVE(weight_bytes_per_param, exc=TrainError)
-        # >>> generated VAL_POSITIVE #e9ce1b69dc (edit the annotation, not this block)
-        if not weight_bytes_per_param > 0:
-            raise TrainError(f"weight_bytes_per_param must be > 0, got {weight_bytes_per_param!r}")
-        # <<< generated
+        check.positive("weight_bytes_per_param", weight_bytes_per_param, exc=TrainError)  # generated #696ab961fd
         train_step_cost(n_params, 0, devices, hardware, mfu=mfu, grad_bytes_per_param=grad_bytes_per_param)
         self.n_params = n_params
         self.hardware = hardware
@@ -177,14 +157,8 @@ class SimTrainer:
         """Restore the version from `path/trainer.json` (plain JSON, nothing to unpickle)."""
         meta_file = Path(path) / "trainer.json"
         # AST: AST_PRECONDITION(meta_file.is_file(), got=str(path), msg="a checkpoint directory written by save_checkpoint (with trainer.json)", exc=TrainError)
-        # >>> generated AST_PRECONDITION #a907aa844a (edit the annotation, not this block)
-        if not (meta_file.is_file()):
-            raise TrainError(f"Pre-condition: a checkpoint directory written by save_checkpoint (with trainer.json), got {str(path)!r}")
-        # <<< generated
+        check.precondition(meta_file.is_file(), "a checkpoint directory written by save_checkpoint (with trainer.json)", got_lazy=lambda: str(path), exc=TrainError)  # generated #ab62727e59
         state = json.loads(meta_file.read_text())
         # AST: AST_PRECONDITION(state.get("kind") == "sim", got=state.get("kind"), msg="a SimTrainer checkpoint", exc=TrainError)
-        # >>> generated AST_PRECONDITION #d462e02081 (edit the annotation, not this block)
-        if not (state.get('kind') == 'sim'):
-            raise TrainError(f"Pre-condition: a SimTrainer checkpoint, got {state.get('kind')!r}")
-        # <<< generated
+        check.precondition(state.get("kind") == "sim", "a SimTrainer checkpoint", got_lazy=lambda: state.get("kind"), exc=TrainError)  # generated #1a35b540c4
         self._version = int(state["version"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import shutil
 from collections import defaultdict
@@ -19,10 +20,13 @@ from typing import Any
 
 import torch
 
+from rollart.resource import checks as check
 from rollart.train.batch import TrainBatch
 from rollart.train.errors import TrainError
 from rollart.train.losses import LossConfig, policy_loss, token_log_probs
 from rollart.train.state_io import load_state, save_state, write_json_atomic
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_FORMATS = (2,)  # 2: safetensors + JSON directory (D19); 1 was a torch.save pickle
 
@@ -52,30 +56,15 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         """Reject bad knobs at construction."""
         # VAL: VAL_POSITIVE(self.lr, exc=TrainError)
-        # >>> generated VAL_POSITIVE #1ac74d9690 (edit the annotation, not this block)
-        if not self.lr > 0:
-            raise TrainError(f"self.lr must be > 0, got {self.lr!r}")
-        # <<< generated
+        check.positive("lr", self.lr, exc=TrainError)  # generated #8e6ea54f60
         # VAL: VAL_NON_NEGATIVE(self.weight_decay, exc=TrainError)
-        # >>> generated VAL_NON_NEGATIVE #1d7724e1f8 (edit the annotation, not this block)
-        if not self.weight_decay >= 0:
-            raise TrainError(f"self.weight_decay must be >= 0, got {self.weight_decay!r}")
-        # <<< generated
+        check.non_negative("weight_decay", self.weight_decay, exc=TrainError)  # generated #e4f52b7ece
         # VAL: VAL_INT_RANGE(self.micro_batch_size, min=1, max=1_000_000, exc=TrainError)
-        # >>> generated VAL_INT_RANGE #989f5ce4f1 (edit the annotation, not this block)
-        if isinstance(self.micro_batch_size, bool) or not isinstance(self.micro_batch_size, int) or not (1 <= self.micro_batch_size <= 1000000):
-            raise TrainError(f"self.micro_batch_size must be an integer in [{ 1 }, { 1000000 }], got {self.micro_batch_size!r}")
-        # <<< generated
+        check.int_range("micro_batch_size", self.micro_batch_size, min=1, max=1_000_000, exc=TrainError)  # generated #1d7a256d75
         # VAL: VAL_POSITIVE(self.max_grad_norm, exc=TrainError)
-        # >>> generated VAL_POSITIVE #a4f760cd04 (edit the annotation, not this block)
-        if not self.max_grad_norm > 0:
-            raise TrainError(f"self.max_grad_norm must be > 0, got {self.max_grad_norm!r}")
-        # <<< generated
+        check.positive("max_grad_norm", self.max_grad_norm, exc=TrainError)  # generated #da18aa974c
         # VAL: VAL_TYPE(self.loss, LossConfig, exc=TrainError)
-        # >>> generated VAL_TYPE #57142b9f96 (edit the annotation, not this block)
-        if not isinstance(self.loss, LossConfig):
-            raise TrainError(f"self.loss must be of type LossConfig, got {type(self.loss).__name__} {self.loss!r}")
-        # <<< generated
+        check.of_type("loss", self.loss, LossConfig, exc=TrainError)  # generated #8035a1c634
 
 
 def _trim_padding(batch: TrainBatch) -> TrainBatch:
@@ -180,10 +169,7 @@ class TorchTrainer:
         num_tokens = batch.num_policy_tokens if num_tokens is None else num_tokens
         num_sequences = batch.num_sequences if num_sequences is None else num_sequences
         # VAL: VAL_POSITIVE(num_tokens, exc=TrainError)
-        # >>> generated VAL_POSITIVE #513a88fbdd (edit the annotation, not this block)
-        if not num_tokens > 0:
-            raise TrainError(f"num_tokens must be > 0, got {num_tokens!r}")
-        # <<< generated
+        check.positive("num_tokens", num_tokens, exc=TrainError)  # generated #153060f7cd
         batch = self._with_reference(batch)
         size = self.config.micro_batch_size
         self.model.train()
@@ -235,14 +221,12 @@ class TorchTrainer:
         if not math.isfinite(metrics["loss"]):
             self.optimizer.zero_grad(set_to_none=True)
         # AST: AST_POSTCONDITION(math.isfinite(metrics["loss"]), got=metrics["loss"], msg="the step's loss is finite", exc=TrainError)
-        # >>> generated AST_POSTCONDITION #17b299d437 (edit the annotation, not this block)
-        if not (math.isfinite(metrics['loss'])):
-            raise TrainError(f"Post-condition: the step's loss is finite, got {metrics['loss']!r}")
-        # <<< generated
+        check.postcondition(math.isfinite(metrics["loss"]), "the step's loss is finite", got=metrics["loss"], exc=TrainError)  # generated #02aa493e79
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._version += 1
         metrics["version"] = float(self._version)
+        log.debug("train step -> version %d: %s", self._version, metrics)
         return metrics
 
     def _data_parallel_gradients(self, shard: TrainBatch) -> dict[str, float]:
@@ -317,17 +301,11 @@ class TorchTrainer:
         path = Path(path)
         meta_file = path / "trainer.json"
         # AST: AST_PRECONDITION(meta_file.is_file(), got=str(path), msg="a checkpoint directory written by save_checkpoint (with trainer.json)", exc=TrainError)
-        # >>> generated AST_PRECONDITION #a907aa844a (edit the annotation, not this block)
-        if not (meta_file.is_file()):
-            raise TrainError(f"Pre-condition: a checkpoint directory written by save_checkpoint (with trainer.json), got {str(path)!r}")
-        # <<< generated
+        check.precondition(meta_file.is_file(), "a checkpoint directory written by save_checkpoint (with trainer.json)", got_lazy=lambda: str(path), exc=TrainError)  # generated #ab62727e59
         state = json.loads(meta_file.read_text())
         checkpoint_format = state.get("format")
         # VAL: VAL_ONE_OF(checkpoint_format, choices=CHECKPOINT_FORMATS, exc=TrainError)
-        # >>> generated VAL_ONE_OF #def4b9d983 (edit the annotation, not this block)
-        if checkpoint_format not in CHECKPOINT_FORMATS:
-            raise TrainError(f"checkpoint_format must be one of {sorted(CHECKPOINT_FORMATS, key=repr)!r}, got {checkpoint_format!r}")
-        # <<< generated
+        check.one_of("checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS, exc=TrainError)  # generated #78525886a2
         self.model.load_state_dict(load_state(path, "model"))
         self.optimizer.load_state_dict(load_state(path, "optimizer"))
         self._version = int(state["version"])

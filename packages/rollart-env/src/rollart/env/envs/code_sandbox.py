@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from rollart.env import checks as check
 from rollart.env.envs.sandbox import PythonSandbox, SandboxLimits
 from rollart.env.errors import EnvError
 from rollart.env.protocols import ResetResult, StepResult
@@ -47,10 +48,7 @@ def parse_test(test: str) -> CodeTest:
         raise EnvError(f"test must be one assert statement, got {test!r}") from exc
     stmt = tree.body[0] if len(tree.body) == 1 else None
     # AST: AST_PRECONDITION(isinstance(stmt, ast.Assert), got=test, msg="a test is one assert statement", exc=EnvError)
-    # >>> generated AST_PRECONDITION #8aab3614c5 (edit the annotation, not this block)
-    if not (isinstance(stmt, ast.Assert)):
-        raise EnvError(f"Pre-condition: a test is one assert statement, got {test!r}")
-    # <<< generated
+    check.precondition(isinstance(stmt, ast.Assert), "a test is one assert statement", got=test, exc=EnvError)  # generated #e456e972ba
     node = stmt.test
     if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.Eq):
         try:
@@ -139,10 +137,7 @@ class CodeSandboxEnv:
     def __init__(self, limits: SandboxLimits | None = None, max_attempts: int = 2) -> None:
         """Load the shipped tasks; every run uses a fresh sandbox process under `limits`."""
         # VAL: VAL_INT_RANGE(max_attempts, min=1, max=100, exc=EnvError)
-        # >>> generated VAL_INT_RANGE #db0e79940c (edit the annotation, not this block)
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not (1 <= max_attempts <= 100):
-            raise EnvError(f"max_attempts must be an integer in [{ 1 }, { 100 }], got {max_attempts!r}")
-        # <<< generated
+        check.int_range("max_attempts", max_attempts, min=1, max=100, exc=EnvError)  # generated #a45e7ff5a7
         self.name = "code_sandbox"
         self.system_prompt = SYSTEM_PROMPT
         self.sandbox = PythonSandbox(limits or SandboxLimits())
@@ -166,10 +161,7 @@ class CodeSandboxEnv:
         """Run the code block's test expressions in the sandbox; grade them here; reward = improvement."""
         # deps: extract_code, build_harness, PythonSandbox.run, grade_results
         # AST: AST_PRECONDITION(self._task is not None, got=self._task, msg="reset before step", exc=EnvError)
-        # >>> generated AST_PRECONDITION #75dfb1a533 (edit the annotation, not this block)
-        if not (self._task is not None):
-            raise EnvError(f"Pre-condition: reset before step, got {self._task!r}")
-        # <<< generated
+        check.precondition(self._task is not None, "reset before step", got=self._task, exc=EnvError)  # generated #b0c8eb163c
         self._attempts += 1
         out_of_attempts = self._attempts >= self.max_attempts
         code = extract_code(action)
@@ -184,10 +176,7 @@ class CodeSandboxEnv:
         reward = max(0.0, score - self._best)
         self._best = max(self._best, score)
         # AST: AST_POSTCONDITION(0.0 <= reward <= 1.0 and 0.0 <= self._best <= 1.0, got=(reward, self._best), msg="code rewards stay in [0, 1]", exc=EnvError)
-        # >>> generated AST_POSTCONDITION #b7f7d7a0d6 (edit the annotation, not this block)
-        if not (0.0 <= reward <= 1.0 and 0.0 <= self._best <= 1.0):
-            raise EnvError(f"Post-condition: code rewards stay in [0, 1], got {(reward, self._best)!r}")
-        # <<< generated
+        check.postcondition(0.0 <= reward <= 1.0 and 0.0 <= self._best <= 1.0, "code rewards stay in [0, 1]", got=(reward, self._best), exc=EnvError)  # generated #0f1a456729
         success = passed == len(tests)
         observation = f"{passed}/{len(tests)} tests passed (sandbox status: {result.status})."
         if result.status not in ("ok",) and result.stderr:

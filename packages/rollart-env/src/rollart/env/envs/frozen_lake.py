@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from rollart.env import checks as check
 from rollart.env.errors import EnvError
 from rollart.env.gym_adapter import GymTextEnv
 
@@ -62,15 +63,9 @@ class FrozenLakeEnv(GymTextEnv):
     ) -> None:
         """Configure the map; `desc` fixes the map, otherwise one is generated per seed."""
         # VAL: VAL_INT_RANGE(size, min=2, max=32, exc=EnvError)
-        # >>> generated VAL_INT_RANGE #ded81f086b (edit the annotation, not this block)
-        if isinstance(size, bool) or not isinstance(size, int) or not (2 <= size <= 32):
-            raise EnvError(f"size must be an integer in [{ 2 }, { 32 }], got {size!r}")
-        # <<< generated
+        check.int_range("size", size, min=2, max=32, exc=EnvError)  # generated #241f334136
         # VAL: VAL_INT_RANGE(max_episode_steps, min=1, max=10_000, exc=EnvError)
-        # >>> generated VAL_INT_RANGE #985b2d59dc (edit the annotation, not this block)
-        if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, int) or not (1 <= max_episode_steps <= 10000):
-            raise EnvError(f"max_episode_steps must be an integer in [{ 1 }, { 10000 }], got {max_episode_steps!r}")
-        # <<< generated
+        check.int_range("max_episode_steps", max_episode_steps, min=1, max=10_000, exc=EnvError)  # generated #fe106f10a6
         self.size = size
         self.is_slippery = is_slippery
         self.desc = desc

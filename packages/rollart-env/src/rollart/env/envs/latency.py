@@ -12,6 +12,7 @@ import math
 import random
 from dataclasses import dataclass
 
+from rollart.env import checks as check
 from rollart.env.errors import EnvCrashedError, EnvError, TransientEnvError
 from rollart.env.protocols import Env, ResetResult, StepResult
 
@@ -32,20 +33,11 @@ class LatencyDistribution:
 
     def __post_init__(self) -> None:
         # VAL: VAL_ONE_OF(self.kind, choices=LATENCY_KINDS, exc=EnvError)
-        # >>> generated VAL_ONE_OF #657922a2a3 (edit the annotation, not this block)
-        if self.kind not in LATENCY_KINDS:
-            raise EnvError(f"self.kind must be one of {sorted(LATENCY_KINDS, key=repr)!r}, got {self.kind!r}")
-        # <<< generated
+        check.one_of("kind", self.kind, LATENCY_KINDS, exc=EnvError)  # generated #4799926c4f
         # VAL: VAL_FINITE(self.mean, exc=EnvError)
-        # >>> generated VAL_FINITE #fba3222a0e (edit the annotation, not this block)
-        if isinstance(self.mean, bool) or not isinstance(self.mean, (int, float)) or not (self.mean - self.mean == 0):
-            raise EnvError(f"self.mean must be a finite number, got {self.mean!r}")
-        # <<< generated
+        check.finite("mean", self.mean, exc=EnvError)  # generated #56bcc73cec
         # VAL: VAL_NON_NEGATIVE(self.std, exc=EnvError)
-        # >>> generated VAL_NON_NEGATIVE #ad3167060c (edit the annotation, not this block)
-        if not self.std >= 0:
-            raise EnvError(f"self.std must be >= 0, got {self.std!r}")
-        # <<< generated
+        check.non_negative("std", self.std, exc=EnvError)  # generated #362a588c43
         pass
 
     def sample(self, rng: random.Random) -> float:
@@ -64,15 +56,9 @@ class LatencyDistribution:
         """
         # deps: none
         # VAL: VAL_POSITIVE(mean_s, exc=EnvError)
-        # >>> generated VAL_POSITIVE #abff05f88b (edit the annotation, not this block)
-        if not mean_s > 0:
-            raise EnvError(f"mean_s must be > 0, got {mean_s!r}")
-        # <<< generated
+        check.positive("mean_s", mean_s, exc=EnvError)  # generated #a0c9af58cf
         # VAL: VAL_NON_NEGATIVE(sigma, exc=EnvError)
-        # >>> generated VAL_NON_NEGATIVE #c841270ed7 (edit the annotation, not this block)
-        if not sigma >= 0:
-            raise EnvError(f"sigma must be >= 0, got {sigma!r}")
-        # <<< generated
+        check.non_negative("sigma", sigma, exc=EnvError)  # generated #e2c2321e50
         return cls("lognormal", math.log(mean_s) - sigma * sigma / 2.0, sigma)
 
 
@@ -90,15 +76,9 @@ class LatencyWrapper:
     ) -> None:
         """`failure_kind`: 'transient' (TransientEnvError), 'crash' (EnvCrashedError) or 'hang' (never returns)."""
         # VAL: VAL_ONE_OF(failure_kind, choices=FAILURE_KINDS, exc=EnvError)
-        # >>> generated VAL_ONE_OF #65504cee9f (edit the annotation, not this block)
-        if failure_kind not in FAILURE_KINDS:
-            raise EnvError(f"failure_kind must be one of {sorted(FAILURE_KINDS, key=repr)!r}, got {failure_kind!r}")
-        # <<< generated
+        check.one_of("failure_kind", failure_kind, FAILURE_KINDS, exc=EnvError)  # generated #6039366fbf
         # AST: AST_PRECONDITION(0.0 <= failure_prob <= 1.0, got=failure_prob, msg="failure_prob in [0, 1]", exc=EnvError)
-        # >>> generated AST_PRECONDITION #319d67e314 (edit the annotation, not this block)
-        if not (0.0 <= failure_prob <= 1.0):
-            raise EnvError(f"Pre-condition: failure_prob in [0, 1], got {failure_prob!r}")
-        # <<< generated
+        check.precondition(0.0 <= failure_prob <= 1.0, "failure_prob in [0, 1]", got=failure_prob, exc=EnvError)  # generated #d88dbed403
         self.env = env
         self.name = env.name
         self.system_prompt = env.system_prompt

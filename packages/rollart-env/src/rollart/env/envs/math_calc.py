@@ -21,6 +21,7 @@ import re
 from fractions import Fraction
 from importlib import resources
 
+from rollart.env import checks as check
 from rollart.env.errors import EnvError
 from rollart.env.protocols import ResetResult, StepResult
 
@@ -168,15 +169,9 @@ class MathCalcEnv:
     def __init__(self, source: str = "generated", max_tool_calls: int = 4) -> None:
         """`source` is 'generated' (problem from the seed) or 'data' (shipped problem chosen by the seed)."""
         # VAL: VAL_ONE_OF(source, choices=PROBLEM_SOURCES, exc=EnvError)
-        # >>> generated VAL_ONE_OF #2afe5928f3 (edit the annotation, not this block)
-        if source not in PROBLEM_SOURCES:
-            raise EnvError(f"source must be one of {sorted(PROBLEM_SOURCES, key=repr)!r}, got {source!r}")
-        # <<< generated
+        check.one_of("source", source, PROBLEM_SOURCES, exc=EnvError)  # generated #b737c639a4
         # VAL: VAL_INT_RANGE(max_tool_calls, min=0, max=1000, exc=EnvError)
-        # >>> generated VAL_INT_RANGE #6f668d8519 (edit the annotation, not this block)
-        if isinstance(max_tool_calls, bool) or not isinstance(max_tool_calls, int) or not (0 <= max_tool_calls <= 1000):
-            raise EnvError(f"max_tool_calls must be an integer in [{ 0 }, { 1000 }], got {max_tool_calls!r}")
-        # <<< generated
+        check.int_range("max_tool_calls", max_tool_calls, min=0, max=1000, exc=EnvError)  # generated #a352443fd7
         self.name = "math_calc"
         self.system_prompt = SYSTEM_PROMPT
         self.source = source
@@ -198,10 +193,7 @@ class MathCalcEnv:
     async def step(self, action: str) -> StepResult:
         """An `<answer>` ends the episode; a `<calc>` returns its value; anything else gets a hint."""
         # AST: AST_PRECONDITION(self._problem is not None, got=self._problem, msg="reset before step", exc=EnvError)
-        # >>> generated AST_PRECONDITION #e20a30b935 (edit the annotation, not this block)
-        if not (self._problem is not None):
-            raise EnvError(f"Pre-condition: reset before step, got {self._problem!r}")
-        # <<< generated
+        check.precondition(self._problem is not None, "reset before step", got=self._problem, exc=EnvError)  # generated #c243cfb39b
         truth = self._problem["answer"]
         answers = _ANSWER_RE.findall(action)
         if answers:

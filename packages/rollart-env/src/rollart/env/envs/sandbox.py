@@ -32,6 +32,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollart.env import checks as check
 from rollart.env.envs.sandbox_os import SANDBOX_ROOT, UidLease, bwrap_argv, bwrap_returncode, kill_uid, lease_uid
 from rollart.env.errors import EnvError
 
@@ -78,25 +79,13 @@ class SandboxLimits:
 
     def __post_init__(self) -> None:
         # VAL: VAL_INT_RANGE(self.cpu_s, min=1, max=3600, exc=EnvError)
-        # >>> generated VAL_INT_RANGE #e15ab8cea2 (edit the annotation, not this block)
-        if isinstance(self.cpu_s, bool) or not isinstance(self.cpu_s, int) or not (1 <= self.cpu_s <= 3600):
-            raise EnvError(f"self.cpu_s must be an integer in [{ 1 }, { 3600 }], got {self.cpu_s!r}")
-        # <<< generated
+        check.int_range("cpu_s", self.cpu_s, min=1, max=3600, exc=EnvError)  # generated #a13af700b3
         # VAL: VAL_TIMEOUT(self.wall_s, exc=EnvError)
-        # >>> generated VAL_TIMEOUT #c774860d48 (edit the annotation, not this block)
-        if isinstance(self.wall_s, bool) or not isinstance(self.wall_s, (int, float)) or not (self.wall_s - self.wall_s == 0) or not self.wall_s > 0:
-            raise EnvError(f"self.wall_s must be a finite timeout > 0 seconds, got {self.wall_s!r}")
-        # <<< generated
+        check.timeout("wall_s", self.wall_s, exc=EnvError)  # generated #eb4a87b96c
         # VAL: VAL_INT_RANGE(self.memory_bytes, min=32 * 1024 * 1024, max=2**40, exc=EnvError)
-        # >>> generated VAL_INT_RANGE #694b47ac75 (edit the annotation, not this block)
-        if isinstance(self.memory_bytes, bool) or not isinstance(self.memory_bytes, int) or not (32 * 1024 * 1024 <= self.memory_bytes <= 2 ** 40):
-            raise EnvError(f"self.memory_bytes must be an integer in [{ 32 * 1024 * 1024 }, { 2 ** 40 }], got {self.memory_bytes!r}")
-        # <<< generated
+        check.int_range("memory_bytes", self.memory_bytes, min=32 * 1024 * 1024, max=2**40, exc=EnvError)  # generated #445ff7b598
         # VAL: VAL_INT_RANGE(self.output_bytes, min=1, max=2**30, exc=EnvError)
-        # >>> generated VAL_INT_RANGE #cabef96a7f (edit the annotation, not this block)
-        if isinstance(self.output_bytes, bool) or not isinstance(self.output_bytes, int) or not (1 <= self.output_bytes <= 2 ** 30):
-            raise EnvError(f"self.output_bytes must be an integer in [{ 1 }, { 2 ** 30 }], got {self.output_bytes!r}")
-        # <<< generated
+        check.int_range("output_bytes", self.output_bytes, min=1, max=2**30, exc=EnvError)  # generated #a32bafeee0
         pass
 
 
@@ -158,10 +147,7 @@ class PythonSandbox:
         use it to show that the OS layers alone hold).
         """
         # VAL: VAL_ONE_OF(mode, choices=SANDBOX_MODES, exc=EnvError)
-        # >>> generated VAL_ONE_OF #16ed74c98a (edit the annotation, not this block)
-        if mode not in SANDBOX_MODES:
-            raise EnvError(f"mode must be one of {sorted(SANDBOX_MODES, key=repr)!r}, got {mode!r}")
-        # <<< generated
+        check.one_of("mode", mode, SANDBOX_MODES, exc=EnvError)  # generated #3a5cb203e4
         self.limits = limits or SandboxLimits()
         self.audit_guard = audit_guard
         self.mode = mode
@@ -367,10 +353,7 @@ class PythonSandbox:
         else:
             status = "error"
         # AST: AST_POSTCONDITION(status in SANDBOX_STATUSES, got=status, exc=EnvError)
-        # >>> generated AST_POSTCONDITION #4ee0dfd19c (edit the annotation, not this block)
-        if not (status in SANDBOX_STATUSES):
-            raise EnvError(f"Post-condition: status in SANDBOX_STATUSES, got {status!r}")
-        # <<< generated
+        check.postcondition(status in SANDBOX_STATUSES, "status in SANDBOX_STATUSES", got=status, exc=EnvError)  # generated #7e63a5bc5e
         return status
 
     @staticmethod

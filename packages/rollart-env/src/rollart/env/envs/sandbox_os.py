@@ -18,6 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollart.env import checks as check
 from rollart.env.errors import EnvError
 
 RUN_UID_BASE = 612_000
@@ -49,10 +50,7 @@ class UidLease:
 def lease_uid(lock_dir: str | None = None) -> UidLease:
     """Take a free uid from [RUN_UID_BASE, RUN_UID_BASE + RUN_UID_COUNT) (root only)."""
     # AST: AST_PRECONDITION(os.geteuid() == 0, got=os.geteuid(), msg="per-run uids need root", exc=EnvError)
-    # >>> generated AST_PRECONDITION #38bed6d764 (edit the annotation, not this block)
-    if not (os.geteuid() == 0):
-        raise EnvError(f"Pre-condition: per-run uids need root, got {os.geteuid()!r}")
-    # <<< generated
+    check.precondition(os.geteuid() == 0, "per-run uids need root", got_lazy=lambda: os.geteuid(), exc=EnvError)  # generated #3979b969fe
     directory = Path(lock_dir or os.path.join(tempfile.gettempdir(), "rollart-uid-leases"))
     directory.mkdir(mode=0o700, exist_ok=True)
     st = os.lstat(directory)
