@@ -309,3 +309,22 @@ def test_a_module_without_annotations_loses_the_runtime_import():
     bare = "\n".join(ln for ln in new_form.split("\n") if "# VAL:" not in ln and "# AST:" not in ln)
     cleaned, problems = process_text(bare)
     assert "import checks as check" not in cleaned and "check." not in cleaned
+
+
+_ELEMENTS = st.one_of(st.integers(min_value=-5, max_value=40), st.booleans(), st.floats(allow_nan=False, width=16),
+                      st.just("3"), st.none())
+
+
+@given(values=st.one_of(st.lists(_ELEMENTS, max_size=12), st.lists(st.integers(0, 30), max_size=12).map(tuple)))
+def test_int_range_each_fast_path_agrees_with_the_element_loop(values):
+    """The C-level fast path for lists and tuples accepts exactly what the element loop accepts."""
+    from validation_patterns import checks
+
+    expected = all(not isinstance(v, bool) and isinstance(v, int) and 0 <= v <= 30 for v in values)
+    try:
+        checks.int_range_each("ids", values, min=0, max=30)
+        accepted = True
+    except ValueError as err:
+        accepted = False
+        assert "ids must contain only integers in [0, 30]" in str(err)
+    assert accepted == expected
