@@ -173,3 +173,24 @@ def test_version_and_run_overrides_fail_before_anything_starts():
     assert res.exit_code == 2 and _one_line_error(res.output).startswith("pipeline.mode: Input should be")
     res = CliRunner().invoke(app, ["run", str(CONFIGS / "two_pools_affinity.yaml"), "--set", "oops"])
     assert res.exit_code == 2 and "--set takes dotted.key=value" in _one_line_error(res.output)
+
+
+def test_plan_accepts_a_simulated_run():
+    """A simulator config (engine, trainer and sync all `sim`, synthetic tasks) plans: the routing table and the
+    placement as for a real run, and no trainer memory (a cost model holds no weights)."""
+    from rollart.scheduler.config import parse_config
+
+    cfg = parse_config({
+        "model": {"sim_model": "Qwen3-8B"},
+        "cluster": {"ray": "none"},
+        "rollout": {"pools": [{"name": "h800", "hardware": "H800", "devices": 4, "engine": "sim"},
+                              {"name": "h20", "hardware": "H20", "devices": 4, "engine": "sim"}]},
+        "routing": {"affinity": {"prefill": "H800", "decode": "H20"}},
+        "trainer": {"backend": "sim", "devices": 8, "hardware": "H800"},
+        "sync": {"channel": "sim"},
+        "tasks": [{"env": "synthetic", "reward": "synthetic", "tag": "prefill"},
+                  {"env": "synthetic", "reward": "synthetic", "tag": "decode"}],
+    })
+    plan = make_plan(cfg)
+    assert plan.trainer.backend == "sim" and plan.trainer.memory.total == 0
+    assert {r.tag: r.pools for r in plan.routes} == {"prefill": ["h800"], "decode": ["h20"]}

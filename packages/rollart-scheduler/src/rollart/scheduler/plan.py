@@ -200,10 +200,12 @@ def rollout_memory(shape: ModelShape, max_num_seqs: int, max_context: int, hardw
 def trainer_memory(shape: ModelShape, backend: str, devices: int, hardware: str) -> DeviceMemory:
     """One trainer device under the backend's assumption (see ASSUMPTIONS)."""
     # deps: param_count
-    # VAL: VAL_ONE_OF(backend, choices=("torch", "megatron"), exc=ConfigError)
-    check.one_of("backend", backend, ("torch", "megatron"), exc=ConfigError)  # generated #7ef88ceca0
+    # VAL: VAL_ONE_OF(backend, choices=("torch", "megatron", "sim"), exc=ConfigError)
+    check.one_of("backend", backend, ("torch", "megatron", "sim"), exc=ConfigError)  # generated #4e1d0fe850
     # VAL: VAL_INT_RANGE(devices, min=1, max=1_000_000, exc=ConfigError)
     check.int_range("devices", devices, min=1, max=1_000_000, exc=ConfigError)  # generated #3b73be281e
+    if backend == "sim":  # a cost model holds no weights: nothing to fit
+        return DeviceMemory(weights=0, grads=0, optimizer=0, hbm=_hbm(hardware))
     n, b = param_count(shape), DTYPE_BYTES[shape.dtype]
     if backend == "torch":
         return DeviceMemory(weights=n * b, grads=n * b, optimizer=2 * n * b, hbm=_hbm(hardware))
