@@ -25,6 +25,7 @@ USER_ENV = textwrap.dedent('''
     class ChatterEnv:
         """Two turns of free text; the episode always finishes (the reward service scores it)."""
 
+        name = "chatter"
         system_prompt = "Answer briefly."
 
         def __init__(self, turns: int = 2) -> None:
