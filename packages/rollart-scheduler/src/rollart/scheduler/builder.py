@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +47,8 @@ from rollart.sync.local import LocalChannel
 from rollart.sync.model_update import ModelUpdateGroup
 from rollart.train.losses import LossConfig
 from rollart.train.torch_trainer import TrainerConfig
+
+log = logging.getLogger(__name__)
 
 
 def model_config(config: RunConfig) -> Any:
@@ -259,6 +263,17 @@ async def collect_engine_stats(workers: list[Any]) -> dict[str, float]:
     return total
 
 
+async def _abandon(closers: list[Any]) -> None:
+    """Run every closer of a half-built pipeline, each one whatever the others did."""
+    for close in closers:
+        try:
+            result = close()
+            if inspect.isawaitable(result):
+                await result
+        except Exception:  # noqa: BLE001 - the build's own error is the one to report
+            log.warning("closing a half-built pipeline: %r failed", close, exc_info=True)
+
+
 async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | None = None,
                          tensorboard: bool | None = None, base_dir: Path | None = None) -> Pipeline:
     """Wire every part for `config`; `workers` (WorkerHandles) replace the configured pools if given.
@@ -295,58 +310,64 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
         raise
     proxy = LLMProxy(workers, router=AffinityRouter(config.routing.affinity),
                      max_inflight_per_worker=config.time_sharing.slots_per_device)
-    if config.sync.channel == "local":
-        updater: Any = LocalUpdater(ModelUpdateGroup(LocalChannel(), [ProxyWeightLoader(proxy)],
-                                                     timeout=config.pipeline.update_timeout_s))
-    elif config.sync.channel == "sim":  # bytes / the trainer NIC + per-bucket latency (design D22)
-        from rollart.resource.hardware import BUILTIN_HARDWARE
-        from rollart.sync.sim import SimChannel
+    try:
+        if config.sync.channel == "local":
+            updater: Any = LocalUpdater(ModelUpdateGroup(LocalChannel(), [ProxyWeightLoader(proxy)],
+                                                         timeout=config.pipeline.update_timeout_s))
+        elif config.sync.channel == "sim":  # bytes / the trainer NIC + per-bucket latency (design D22)
+            from rollart.resource.hardware import BUILTIN_HARDWARE
+            from rollart.sync.sim import SimChannel
 
-        weight_bytes = trainer.inner.weight_bytes
-        channel = SimChannel(weight_bytes, BUILTIN_HARDWARE[config.trainer.hardware].network_gbps,
-                             bucket_bytes=int(config.sync.bucket_mb * (1 << 20)), keep_last=config.sync.keep_last)
-        updater = LocalUpdater(ModelUpdateGroup(channel, [ProxyWeightLoader(proxy)],
-                                                timeout=config.pipeline.update_timeout_s), nbytes=weight_bytes)
-    else:
-        closers += await connect_world(config, trainer, workers)
-        updater = ChannelUpdater(trainer, workers, proxy, config.sync.channel)
-    pcfg = config.pipeline
-    keys = task_keys(config)
-    balanced = sorted(set(keys)) if pcfg.balance_tasks and len(set(keys)) > 1 else []
-    buffer = SampleBuffer.from_config(config, tasks=balanced)
-    # a service reward has its own deadline; the sink's is a little longer so the client's error names it
-    sinks = [ScoringSink(buffer, tp.scorer, deadline_s=getattr(t.reward, "deadline_s", 55.0) + 5.0)
-             for t, tp in zip(config.tasks, parts)]
-    routing_log = RoutingLog({w.worker_id: w.hardware for w in workers})
-    slots, names = build_envs(config, parts, proxy, sinks, routing_log)
-    rollout = RolloutScheduler(slots, names, buffer, proxy, carry_over=pcfg.mode != "one_off", seed=config.run.seed,
-                               lockstep=pcfg.env_interaction == "batch", once_per_launch=pcfg.mode == "sync")
-    rollout_devices = [d for w in workers for d in w.devices]
-    train_devices = list(placement.trainer)
-    loop = asyncio.get_running_loop()
-    timeline = RoleTimeline(run_dir / "timeline.jsonl", sorted(set(rollout_devices) | set(train_devices)), clock=loop.time)
-    controller = None
-    if pcfg.mode == "time_sharing":
-        ts = config.time_sharing
-        policy = (CostAwarePolicy(min_keep=ts.min_keep, margin=ts.margin, prior_switch_cost_s=ts.prior_switch_cost_s)
-                  if ts.policy == "cost_aware" else AlwaysShrinkPolicy(lend=ts.lend))
-        on_role = timeline.set_role
-        elastic = getattr(getattr(trainer, "inner", None), "on_role", None)
-        if elastic is not None:  # a simulated trainer trains on the devices lent to it
+            weight_bytes = trainer.inner.weight_bytes
+            channel = SimChannel(weight_bytes, BUILTIN_HARDWARE[config.trainer.hardware].network_gbps,
+                                 bucket_bytes=int(config.sync.bucket_mb * (1 << 20)), keep_last=config.sync.keep_last)
+            updater = LocalUpdater(ModelUpdateGroup(channel, [ProxyWeightLoader(proxy)],
+                                                    timeout=config.pipeline.update_timeout_s), nbytes=weight_bytes)
+        else:
+            closers += await connect_world(config, trainer, workers)
+            updater = ChannelUpdater(trainer, workers, proxy, config.sync.channel)
+        pcfg = config.pipeline
+        keys = task_keys(config)
+        balanced = sorted(set(keys)) if pcfg.balance_tasks and len(set(keys)) > 1 else []
+        buffer = SampleBuffer.from_config(config, tasks=balanced)
+        # a service reward has its own deadline; the sink's is a little longer so the client's error names it
+        sinks = [ScoringSink(buffer, tp.scorer, deadline_s=getattr(t.reward, "deadline_s", 55.0) + 5.0)
+                 for t, tp in zip(config.tasks, parts)]
+        routing_log = RoutingLog({w.worker_id: w.hardware for w in workers})
+        slots, names = build_envs(config, parts, proxy, sinks, routing_log)
+        rollout = RolloutScheduler(slots, names, buffer, proxy, carry_over=pcfg.mode != "one_off", seed=config.run.seed,
+                                   lockstep=pcfg.env_interaction == "batch", once_per_launch=pcfg.mode == "sync")
+        rollout_devices = [d for w in workers for d in w.devices]
+        train_devices = list(placement.trainer)
+        loop = asyncio.get_running_loop()
+        timeline = RoleTimeline(run_dir / "timeline.jsonl", sorted(set(rollout_devices) | set(train_devices)), clock=loop.time)
+        controller = None
+        if pcfg.mode == "time_sharing":
+            ts = config.time_sharing
+            policy = (CostAwarePolicy(min_keep=ts.min_keep, margin=ts.margin, prior_switch_cost_s=ts.prior_switch_cost_s)
+                      if ts.policy == "cost_aware" else AlwaysShrinkPolicy(lend=ts.lend))
+            on_role = timeline.set_role
+            elastic = getattr(getattr(trainer, "inner", None), "on_role", None)
+            if elastic is not None:  # a simulated trainer trains on the devices lent to it
 
-            def on_role(devices: list[int], role: str) -> None:
-                timeline.set_role(devices, role)
-                elastic(devices, role)
-        controller = TimeSharingController(ProxyElasticPool(proxy, ledger=ledger if runtime is not None else None), policy,
-                                           train_devices=config.trainer.devices, slots_per_device=ts.slots_per_device,
-                                           on_role=on_role)
-    use_tb = config.run.tensorboard if tensorboard is None else tensorboard
-    pipeline_parts = PipelineParts(buffer=buffer, rollout=rollout, trainer=trainer, updater=updater,
-                                   rollout_devices=rollout_devices, train_devices=train_devices, controller=controller,
-                                   timeline=timeline, metrics=MetricsWriter(run_dir, tensorboard=use_tb),
-                                   checkpointer=Checkpointer(run_dir / "checkpoints"),
-                                   pad_token_id=model.pad_token_id(tokenizer),
-                                   closers=[*(s.aclose for s in sinks), proxy.close, trainer.close, *closers],
-                                   proxy=proxy, workers=list(workers), placement=placement, routing_log=routing_log,
-                                   engine_stats=lambda: collect_engine_stats(workers))
+                def on_role(devices: list[int], role: str) -> None:
+                    timeline.set_role(devices, role)
+                    elastic(devices, role)
+            controller = TimeSharingController(ProxyElasticPool(proxy, ledger=ledger if runtime is not None else None), policy,
+                                               train_devices=config.trainer.devices, slots_per_device=ts.slots_per_device,
+                                               on_role=on_role)
+        use_tb = config.run.tensorboard if tensorboard is None else tensorboard
+        pipeline_parts = PipelineParts(buffer=buffer, rollout=rollout, trainer=trainer, updater=updater,
+                                       rollout_devices=rollout_devices, train_devices=train_devices, controller=controller,
+                                       timeline=timeline, metrics=MetricsWriter(run_dir, tensorboard=use_tb),
+                                       checkpointer=Checkpointer(run_dir / "checkpoints"),
+                                       pad_token_id=model.pad_token_id(tokenizer),
+                                       closers=[*(s.aclose for s in sinks), proxy.close, trainer.close, *closers],
+                                       proxy=proxy, workers=list(workers), placement=placement, routing_log=routing_log,
+                                       engine_stats=lambda: collect_engine_stats(workers))
+    except BaseException:
+        # nothing lost on failure: a part that fails to build (a user env that breaks its protocol, a world
+        # that cannot form) must not leave actors, placement groups or services behind for the next run
+        await _abandon([proxy.close, trainer.close, *closers])
+        raise
     return Pipeline(config, pipeline_parts)
