@@ -67,7 +67,6 @@ async def test_a_pipeline_that_fails_to_build_leaves_no_actor_behind(ray_cluster
     import ray
 
     from rollart.env.errors import EnvProtocolError
-
     from rollart.proxy.testing import build_tiny_model
 
     (tmp_path / "broken_env.py").write_text(BROKEN_ENV)
