@@ -52,6 +52,31 @@ class FunctionReward:
         return RewardResult(score=score)
 
 
+class NotAPythonFile(ImportError):
+    """`module_from_file` was given a path importlib cannot load as Python source."""
+
+
+def module_from_file(path: Path) -> Any:
+    """Import a user's ``.py`` file once per process, under a name derived from its resolved path, so the
+    reward service and the scheduler's registry share one module (and one class per user type).
+    Errors raised by the file itself propagate unchanged; nothing half-imported is left behind."""
+    path = path.resolve()
+    name = "rollart_user_" + hashlib.sha1(str(path).encode()).hexdigest()[:16]
+    module = sys.modules.get(name)
+    if module is None:
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise NotAPythonFile(str(path))
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        try:
+            module_spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return module
+
+
 def load_object(spec: str) -> Any:
     """Import `package.module:attr` or `path/to/file.py:attr` (a relative path is from the working directory)."""
     # AST: AST_PRECONDITION(spec.count(":") >= 1 and all(spec.rpartition(":")[::2]), got=spec, msg="the spec is module:attr or file.py:attr", exc=RewardError)
@@ -61,19 +86,12 @@ def load_object(spec: str) -> Any:
         path = Path(head).expanduser().resolve()
         if not path.is_file():
             raise RewardError(f"cannot load {spec!r}: file {str(path)!r} not found")
-        name = "rollart_reward_user_" + hashlib.sha1(str(path).encode()).hexdigest()[:16]
-        module = sys.modules.get(name)
-        if module is None:
-            module_spec = importlib.util.spec_from_file_location(name, path)
-            if module_spec is None or module_spec.loader is None:
-                raise RewardError(f"cannot load {spec!r}: {path} is not a Python file")
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[name] = module
-            try:
-                module_spec.loader.exec_module(module)
-            except Exception as err:
-                del sys.modules[name]
-                raise RewardError(f"cannot load {spec!r}: {type(err).__name__}: {err}") from None
+        try:
+            module = module_from_file(path)
+        except NotAPythonFile:
+            raise RewardError(f"cannot load {spec!r}: {path} is not a Python file") from None
+        except Exception as err:
+            raise RewardError(f"cannot load {spec!r}: {type(err).__name__}: {err}") from None
     else:
         try:
             module = importlib.import_module(head)

@@ -13,10 +13,8 @@ the working directory).
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
-import sys
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -75,20 +73,16 @@ def known_names(kind: str) -> list[str]:
 
 
 def _load_file(path: Path, attr: str, spec: str) -> Any:
-    module_name = "rollart_user_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
-    if module_name not in sys.modules:
-        module_spec = importlib.util.spec_from_file_location(module_name, path)
-        if module_spec is None or module_spec.loader is None:
-            raise ConfigError(f"cannot load {spec!r}: {path} is not a Python file")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_name] = module
-        try:
-            module_spec.loader.exec_module(module)
-        except Exception as err:
-            del sys.modules[module_name]
-            raise ConfigError(f"cannot load {spec!r}: {type(err).__name__}: {err}") from None
+    from rollart.reward.function_service import NotAPythonFile, module_from_file
+
     try:
-        return getattr(sys.modules[module_name], attr)
+        module = module_from_file(path)
+    except NotAPythonFile:
+        raise ConfigError(f"cannot load {spec!r}: {path} is not a Python file") from None
+    except Exception as err:
+        raise ConfigError(f"cannot load {spec!r}: {type(err).__name__}: {err}") from None
+    try:
+        return getattr(module, attr)
     except AttributeError:
         raise ConfigError(f"cannot load {spec!r}: {path} has no attribute {attr!r}") from None
 
