@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rollart.proxy.errors import ProxyError
-from rollart.proxy.sim_engine import QWEN3_8B, RooflineModel, SimEngine, lookup_hardware
+from rollart.proxy.sim_engine import QWEN3_8B, RooflineModel, SimEngine, _TokenStream, lookup_hardware
 from rollart.proxy.testing import VirtualLoop
 from rollart.proxy.types import EngineRequest, SamplingParams
 
@@ -197,6 +201,62 @@ def test_decode_quantum_keeps_tokens_and_finish_times_with_fewer_steps():
     assert fast_steps < exact_steps / 5
     with pytest.raises(ProxyError, match="decode_quantum_s"):
         SimEngine(QWEN3_8B, lookup_hardware("H20"), decode_quantum_s=-1.0)
+
+
+def test_decode_quantum_keeps_stop_tokens_and_finish_times():
+    """D30: with sampled stop tokens too, a quantum finishes each request at the token and time of one
+    step per token (the stop positions come from the sequence's stream, not from the chunking)."""
+
+    def run(quantum: float):
+        engine = SimEngine(QWEN3_8B, lookup_hardware("H800"), decode_quantum_s=quantum, stop_prob=0.01, seed=7)
+        loop = VirtualLoop()
+
+        async def go():
+            for i in range(8):
+                params = SamplingParams(max_tokens=40 + 30 * i, stop_token_ids=(2, 5))
+                engine.add_request(EngineRequest(f"r{i}", tuple(range(10, 200 + 40 * i)), params, f"t{i}"))
+            done = {}
+            while engine.has_work():
+                for out in await engine.step():
+                    done[out.request_id] = (out.token_ids, out.logprobs, out.finish_reason, round(loop.time(), 9))
+            return done
+
+        try:
+            return loop.run_until_complete(go())
+        finally:
+            loop.close()
+
+    exact, fast = run(0.0), run(1.0)
+    assert fast == exact
+    reasons = [reason for _, _, reason, _ in exact.values()]
+    assert "stop" in reasons and "length" in reasons  # both ways of finishing were exercised
+    for tokens, logprobs, reason, _ in exact.values():
+        assert len(tokens) == len(logprobs) and all(-3.0 <= lp <= 0.0 for lp in logprobs)
+        assert all(0 <= t < QWEN3_8B.vocab_size for t in tokens)
+        stops_at = [i for i, t in enumerate(tokens) if t in (2, 5)]
+        assert stops_at == ([len(tokens) - 1] if reason == "stop" else [])  # a stop token only where it stopped
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=300), min_size=1, max_size=12),
+       st.integers(min_value=1, max_value=3000), st.floats(min_value=0.0, max_value=0.2))
+def test_a_token_stream_reads_the_same_in_any_chunks(chunks, budget, stop_prob):
+    """D30: position i of a sequence's stream does not depend on how many tokens each step took."""
+    whole = _TokenStream(random.Random(3), 151_936, (0,), stop_prob, budget)
+    pieces = _TokenStream(random.Random(3), 151_936, (0,), stop_prob, budget)
+    total = sum(chunks)
+    expected = whole.take(total)
+    got_tokens, got_logprobs = [], []
+    for n in chunks:
+        assert pieces.until_stop(n) == _first_stop(expected[0][len(got_tokens):len(got_tokens) + n], n)
+        tokens, logprobs = pieces.take(n)
+        got_tokens += tokens
+        got_logprobs += logprobs
+    assert (got_tokens, got_logprobs) == expected
+
+
+def _first_stop(tokens: list[int], limit: int) -> int:
+    return next((i + 1 for i, t in enumerate(tokens) if t == 0), limit)
 
 
 def test_a_batched_prefill_costs_each_sequence_its_own_attention():

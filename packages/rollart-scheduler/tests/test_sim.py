@@ -6,6 +6,7 @@ synthetic envs in real EnvManagers. Nothing here claims a wall-time figure (thos
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 
@@ -18,7 +19,7 @@ from rollart.proxy.sim_engine import QWEN3_8B, RooflineModel
 from rollart.resource.hardware import BUILTIN_HARDWARE
 from rollart.scheduler.cli import app
 from rollart.scheduler.errors import ConfigError
-from rollart.scheduler.sim import run_one, run_scenario
+from rollart.scheduler.sim import SIM_GC_THRESHOLD, run_one, run_scenario, simulation_gc
 from rollart.scheduler.sim_scenario import parse_scenario
 from rollart.sync.sim import transfer_seconds
 from rollart.train.sim_trainer import train_step_cost
@@ -181,3 +182,16 @@ def test_sync_mode_starts_no_group_the_batch_boundary_would_abort():
     spec = parse_scenario(scenario(iterations=3, pipeline={"mode": "sync", "alpha": 0, "redundancy": 1.0}))
     r = run_one(spec, spec.runs[0])
     assert r.collected == 24 and r.aborted == 0 and r.in_buffer == 0  # each slot ran exactly one group per iteration
+
+
+def test_the_simulation_collects_less_often_and_restores_the_process_settings():
+    """D25: inside a run the collector's threshold is the simulation's and what existed is frozen;
+    afterwards the process has its own threshold back and nothing stays frozen, even on an error."""
+    before = gc.get_threshold()
+    with pytest.raises(RuntimeError):
+        with simulation_gc():
+            assert gc.get_threshold() == SIM_GC_THRESHOLD
+            assert gc.get_freeze_count() > 0
+            raise RuntimeError("a run that fails")
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0

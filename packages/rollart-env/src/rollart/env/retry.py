@@ -66,13 +66,14 @@ async def call_with_retries(
     A timeout becomes `EnvTimeoutError`; other exceptions propagate at once (a crash is not
     retried here: the caller restarts the environment). The last transient error propagates.
     """
-    # deps: asyncio.wait_for, backoff_delay, tenacity.AsyncRetrying
+    # deps: asyncio.timeout, asyncio.wait_for, backoff_delay, tenacity.AsyncRetrying
     retry_on = (*TRANSIENT_ERRORS, _AttemptTimedOut) if retry_on_timeout else TRANSIENT_ERRORS
     # The first attempt runs outside tenacity: nearly every call succeeds at once, and building a
     # retrying loop per call cost more than the call itself in 3,000-GPU simulations. Same semantics:
     # attempt 1, then (if it failed transiently) the same pause and on_retry, then attempts 2..max.
     try:
-        return await asyncio.wait_for(fn(), timeout=policy.timeout_s)
+        async with asyncio.timeout(policy.timeout_s):  # in this task: wait_for's extra task per call is gone
+            return await fn()
     except TimeoutError as exc:
         first: BaseException = _AttemptTimedOut(f"call timed out after {policy.timeout_s} s (attempt 1)")
         if not retry_on_timeout or policy.max_attempts == 1:

@@ -235,6 +235,7 @@ class LLMProxy:
         self._latest_weights: Mapping[str, torch.Tensor] | None = None
         self._latest_digest: str | None = None  # digest of the payload pushed under self._version
         self._tracks: dict[str, _Track] = {}
+        self._by_trajectory: dict[str, dict[str, _Track]] = {}  # trajectory id -> its in-flight tracks (D31)
         self._sticky: dict[str, int] = {}
         self._changed = asyncio.Event()
         self._resumed = asyncio.Event()
@@ -308,15 +309,19 @@ class LLMProxy:
         ereq = EngineRequest(request_id, tuple(request.prompt_ids), request.params, request.trajectory_id)
         track = _Track(request, ereq)
         self._tracks[request_id] = track
+        siblings = self._by_trajectory.setdefault(request.trajectory_id, {})
+        siblings[request_id] = track
         self.counters["submitted"] += 1
         try:
             return await self._drive(track, deadline)
         finally:
             del self._tracks[request_id]
+            del siblings[request_id]
+            if not siblings and self._by_trajectory.get(request.trajectory_id) is siblings:
+                del self._by_trajectory[request.trajectory_id]
             self._notify()
 
     async def _drive(self, track: _Track, deadline: float) -> GenerateResponse:
-        loop = asyncio.get_running_loop()
         exclude: int | None = None
         while True:
             await self._wait(self._resumed, deadline, "proxy resume")
@@ -329,7 +334,8 @@ class LLMProxy:
             track.worker_ids.append(slot.handle.worker_id)
             try:
                 pending = slot.handle.submit(track.engine_request)  # queued now, while the slot is active
-                output = await asyncio.wait_for(pending, deadline - loop.time())
+                async with asyncio.timeout_at(deadline):  # no task per request, unlike wait_for
+                    output = await pending
             except TimeoutError as exc:
                 await self._abort_on(slot, track.engine_request.request_id)
                 raise ProxyTimeoutError(
@@ -447,7 +453,7 @@ class LLMProxy:
         """Abort every in-flight request of a trajectory; each answers ``abort`` with ``reason``."""
         # VAL: VAL_NON_EMPTY(trajectory_id, exc=ProxyError)
         check.non_empty("trajectory_id", trajectory_id, exc=ProxyError)  # generated #a2c56ebaf0
-        tracks = [t for t in self._tracks.values() if t.request.trajectory_id == trajectory_id]
+        tracks = list(self._by_trajectory.get(trajectory_id, {}).values())
         for track in tracks:
             track.abort_reason = reason
         self._notify()

@@ -257,6 +257,8 @@ class SampleBuffer:
         """Up to `quota` complete in-bound groups of a task, oldest first; the heap is left as it was
         (minus dead entries). O(quota log n) plus the out-of-bound groups not yet evicted."""
         heap = self._ready.get(key, [])
+        if len(heap) < quota:  # the heap holds every ready group (and some dead entries): too few, O(1)
+            return []
         floor = self._version - self.alpha
         popped: list[_Entry] = []
         chosen: list[tuple[str, _Group]] = []
