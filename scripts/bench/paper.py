@@ -33,6 +33,7 @@ EXPERIMENTS = [
     ("fig11a_affinity", "Fig 11a", "mixed H800+H20 with affinity: 1.12-1.37x over H800-only, 1.30-1.68x over H20-only",
      "vs_last_iter"),
     ("fig10_modes", "Fig 10", "sync vs one_off vs async: async 2.05x faster per step than sync", "vs_first_iter"),
+    ("fig10_modes_32b", "Fig 10 (Qwen3-32B)", "the same comparison on the paper's Fig 10a model, long-tailed turns", "vs_first_iter"),
     ("timesharing", "time-sharing blog", "160 GPUs, time-sharing vs static 128 train / 32 rollout: 3.5x rollout throughput, "
      "timeouts eliminated", "vs_first_tps"),
 ]

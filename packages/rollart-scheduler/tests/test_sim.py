@@ -175,7 +175,24 @@ def test_committed_scenarios_parse():
     assert len(names) >= 6
     for name in names:
         spec = load_scenario(root / f"{name}.yaml")
-        assert spec.paper and len(spec.runs) >= 2
+        assert spec.paper and len(spec.runs) >= (1 if name == "scale_3000" else 2)
+
+
+def test_the_scale_scenario_is_the_scale_benchmarks_largest_row():
+    """examples/scenarios/scale_3000.yaml and bench_sim_scale.py's 3,000-GPU row measure the same run."""
+    import importlib.util
+    from pathlib import Path
+
+    from rollart.scheduler.sim_scenario import load_scenario
+
+    root = Path(__file__).resolve().parents[3]
+    spec = importlib.util.spec_from_file_location("bench_sim_scale", root / "scripts" / "bench" / "bench_sim_scale.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    committed = load_scenario(root / "examples" / "scenarios" / "scale_3000.yaml")
+    generated = parse_scenario(bench.scenario(3000, 10_000))
+    assert committed.run_config(committed.runs[0]) == generated.run_config(generated.runs[0])
+    assert committed.workload == generated.workload
 
 
 def test_sync_mode_starts_no_group_the_batch_boundary_would_abort():
