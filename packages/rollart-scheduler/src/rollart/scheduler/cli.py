@@ -175,6 +175,7 @@ def sim(
     as_json: bool = typer.Option(False, "--json", help="print the results as JSON instead of a table"),
     timeline_png: Path | None = typer.Option(None, "--timeline", help="write the device-role timeline of every run to this PNG"),
     only: list[str] = typer.Option([], "--run", help="run only these runs of the scenario (repeatable)"),
+    seed: int | None = typer.Option(None, "--seed", min=0, help="run with this seed instead of the scenario's (repeat with others to see the spread)"),
 ) -> None:
     """`rollart sim SCENARIO.yaml`: the real pipeline with simulated engines, trainer and sync, in virtual time."""
     import json
@@ -187,6 +188,8 @@ def sim(
     except ConfigError as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(code=2) from None
+    if seed is not None:  # a result is deterministic per seed; its spread across seeds is what a reader compares
+        spec = spec.model_copy(update={"seed": seed})
     runs = [r for r in spec.runs if not only or r.name in only]
     console = Console(stderr=as_json)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
