@@ -181,6 +181,23 @@ def test_rollart_sim_seed_overrides_the_scenarios_and_stays_deterministic(tmp_pa
     assert CliRunner().invoke(app, ["sim", str(path), "--seed", "-1"]).exit_code == 2
 
 
+def test_the_documented_scenario_parses_and_every_run_builds_a_config():
+    """The "Write your own scenario" example of docs/simulator.md (rendered from scripts/bench/paper_intro.md)."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[3]
+    for doc in (root / "scripts" / "bench" / "paper_intro.md", root / "docs" / "simulator.md"):
+        block = re.search(r"## Write your own scenario.*?```yaml\n(.*?)```", doc.read_text(), re.S)
+        assert block is not None, doc
+        spec = parse_scenario(yaml.safe_load(block.group(1)))
+        configs = [spec.run_config(run) for run in spec.runs]
+        assert [c.rollout.pools[0].devices for c in configs] == [8, 16, 8]
+        assert [c.pipeline.alpha for c in configs] == [1, 1, 2]
+
+
 def test_committed_scenarios_parse():
     from pathlib import Path
 
