@@ -167,6 +167,7 @@ class ProxyMachine(RuleBasedStateMachine):
         self.tasks: dict[str, asyncio.Task] = {}
         self.max_tokens: dict[str, int] = {}
         self.answers: dict[str, int] = {}
+        self.trajectory_of: dict[str, str] = {}
         self.version = 0
         self.suspended = False
         self.n = 0
@@ -188,6 +189,7 @@ class ProxyMachine(RuleBasedStateMachine):
                                       rid, f"t{self.n % 5}")
             self.n += 1
             self.max_tokens[rid] = max_tokens
+            self.trajectory_of[rid] = request.trajectory_id
             task = self.loop.create_task(self.proxy.generate(request, timeout_s=1e6))
             task.add_done_callback(lambda _t, rid=rid: self.answers.__setitem__(rid, self.answers.get(rid, 0) + 1))
             self.tasks[rid] = task
@@ -198,7 +200,15 @@ class ProxyMachine(RuleBasedStateMachine):
 
     @rule(trajectory=st.integers(0, 4))
     def abort(self, trajectory: int) -> None:
-        self._run(self.proxy.abort(f"t{trajectory}", reason="test abort"))
+        """An abort reaches exactly the requests of that trajectory still in flight (D31's index)."""
+
+        async def go() -> tuple[int, int]:
+            in_flight = sum(1 for rid, task in self.tasks.items()
+                            if not task.done() and self.trajectory_of[rid] == f"t{trajectory}")
+            return in_flight, await self.proxy.abort(f"t{trajectory}", reason="test abort")
+
+        in_flight, aborted = self._run(go())
+        assert aborted == in_flight
 
     @precondition(lambda self: not self.suspended)
     @rule()
@@ -282,10 +292,13 @@ class ProxyMachine(RuleBasedStateMachine):
                     assert r.finish_reason == "stop" and r.token_ids[-1] == 7
             counters = self.proxy.counters
             assert counters["submitted"] == counters["finished"] + counters["aborted"] == len(self.tasks)
+            assert [self._run(self.proxy.abort(f"t{t}")) for t in range(5)] == [0] * 5  # nothing left indexed
         finally:
             for task in self.tasks.values():
                 task.cancel()
-            self._run(gather_within([*(w.stop() for w in self.workers), *self.tasks.values()], timeout=1e5, return_exceptions=True))
+            # close() also ends the proxy's health-check task, which otherwise dies pending with the loop
+            self._run(gather_within([self.proxy.close(), *(w.stop() for w in self.workers), *self.tasks.values()],
+                                    timeout=1e5, return_exceptions=True))
             self.loop.close()
 
 
