@@ -35,6 +35,7 @@ from rollart.resource.virtual_time import run_virtual
 from rollart.scheduler.buffer import ABORTED
 from rollart.scheduler.config import RunConfig
 from rollart.scheduler.sim_scenario import RunSpec, Scenario
+from rollart.scheduler.timeline import ROLE_COLORS, save_figure
 
 
 @dataclass
@@ -228,9 +229,6 @@ def render(scenario: Scenario, results: list[RunResult], console: Any) -> None:
     console.print(table)
 
 
-ROLE_COLORS = {"rollout": "#4C72B0", "train": "#DD8452", "transfer": "#C44E52", "idle": "#DDDDDD"}
-
-
 def plot_roles(results: list[RunResult], out: Path, title: str = "") -> Path:
     """Devices in each role over virtual time, one panel per run (the blog's comparison picture)."""
     import matplotlib
@@ -255,9 +253,4 @@ def plot_roles(results: list[RunResult], out: Path, title: str = "") -> Path:
     axes[0, 0].legend(loc="upper right", ncol=4, fontsize=7)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
