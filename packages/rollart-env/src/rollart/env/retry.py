@@ -1,7 +1,7 @@
 """Per-call deadlines and retries with exponential backoff and full jitter, on tenacity.
 
 Why full jitter: many EnvManagers hit the same remote environment service; synchronised retries
-would arrive in waves. Time comes from the running loop only (`asyncio.sleep`, `wait_for`), so
+would arrive in waves. Time comes from the running loop only (`asyncio.sleep`, `asyncio.timeout`), so
 the same code runs under the virtual clock. The loop itself is tenacity's, as in the other
 packages (`rollart.resource.retry`, which rollart-env may not import: it imports no other
 rollart package); the policy, the pause formula and the seeded rng are the same kind.
@@ -66,14 +66,13 @@ async def call_with_retries(
     A timeout becomes `EnvTimeoutError`; other exceptions propagate at once (a crash is not
     retried here: the caller restarts the environment). The last transient error propagates.
     """
-    # deps: asyncio.timeout, asyncio.wait_for, backoff_delay, tenacity.AsyncRetrying
+    # deps: asyncio.timeout, backoff_delay, tenacity.AsyncRetrying
     retry_on = (*TRANSIENT_ERRORS, _AttemptTimedOut) if retry_on_timeout else TRANSIENT_ERRORS
     # The first attempt runs outside tenacity: nearly every call succeeds at once, and building a
     # retrying loop per call cost more than the call itself in 3,000-GPU simulations. Same semantics:
     # attempt 1, then (if it failed transiently) the same pause and on_retry, then attempts 2..max.
     try:
-        async with asyncio.timeout(policy.timeout_s):  # in this task: wait_for's extra task per call is gone
-            return await fn()
+        return await _within(fn, policy.timeout_s)
     except TimeoutError as exc:
         first: BaseException = _AttemptTimedOut(f"call timed out after {policy.timeout_s} s (attempt 1)")
         if not retry_on_timeout or policy.max_attempts == 1:
@@ -102,11 +101,17 @@ async def call_with_retries(
     async for attempt in attempts:
         with attempt:
             try:
-                return await asyncio.wait_for(fn(), timeout=policy.timeout_s)
+                return await _within(fn, policy.timeout_s)
             except TimeoutError as exc:
                 number = attempt.retry_state.attempt_number + 1
                 raise _AttemptTimedOut(f"call timed out after {policy.timeout_s} s (attempt {number})") from exc
     raise AssertionError("unreachable: the retry loop returns or raises")
+
+
+async def _within(fn: Callable[[], Awaitable[T]], timeout_s: float | None) -> T:
+    """One attempt under its deadline, in the calling task (`wait_for` made a task and a future per call)."""
+    async with asyncio.timeout(timeout_s):
+        return await fn()
 
 
 class _AttemptTimedOut(EnvTimeoutError):
