@@ -19,7 +19,7 @@ from rollart.proxy.sim_engine import QWEN3_8B, RooflineModel
 from rollart.resource.hardware import BUILTIN_HARDWARE
 from rollart.scheduler.cli import app
 from rollart.scheduler.errors import ConfigError
-from rollart.scheduler.sim import SIM_GC_THRESHOLD, run_one, run_scenario, simulation_gc
+from rollart.scheduler.sim import SIM_GC_THRESHOLD, RunResult, run_one, run_scenario, simulation_gc
 from rollart.scheduler.sim_scenario import parse_scenario
 from rollart.sync.sim import transfer_seconds
 from rollart.train.sim_trainer import train_step_cost
@@ -163,6 +163,36 @@ def test_rollart_sim_cli_prints_json_and_writes_the_timeline(tmp_path):
     bad.write_text("name: x\nruns: [{name: a}]\nconfig: {}\nbogus: 1\n")
     out = CliRunner().invoke(app, ["sim", str(bad)])
     assert out.exit_code == 2 and "bogus" in out.output
+
+
+def _result(name: str, iteration_s: float, tokens_per_s: float) -> RunResult:
+    return RunResult(name=name, iterations=1, virtual_s=iteration_s, wall_s=0.5, iteration_s=iteration_s,
+                     rollout_s=iteration_s / 2, tokens_per_s=tokens_per_s, util_rollout=0.97, util_train=0.43,
+                     collected=512, aborted=3, failed=1, timeouts=2, in_buffer=0, switch_s=5.25, rollout_devices=32,
+                     train_devices=128, staleness_max=1, alpha=1)
+
+
+@pytest.mark.parametrize("width", [80, 250])
+def test_the_run_table_shows_every_cell_whole_in_a_narrow_or_a_wide_terminal(width):
+    """Row per run where it fits; transposed where it does not. Before, an 80-column terminal got "…" cells."""
+    import io
+
+    from rich.console import Console
+
+    from rollart.scheduler.sim import COLUMNS, render
+
+    spec = parse_scenario(scenario(paper="Fig X: 2.00x"))
+    console = Console(file=io.StringIO(), width=width, record=True)
+    render(spec, [_result("static", 300.0, 1000.0), _result("shared", 100.0, 3000.0)], console)
+    text = console.export_text()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= width
+    for head in [h for _, h, _ in COLUMNS] + ["x iter (vs first)", "x tok/s (vs first)"]:
+        assert head in text
+    for cell in ("static", "shared", "3.00x", "3,000", "97%", "43%", "5.25", "512"):
+        assert cell in text
+    shared_line = next(line for line in text.splitlines() if "shared" in line)
+    # wide: the run's own row carries its numbers; narrow: the run names head the columns
+    assert ("3.00x" in shared_line) == (width == 250) and ("static" in shared_line) == (width == 80)
 
 
 def test_rollart_sim_seed_overrides_the_scenarios_and_stays_deterministic(tmp_path):

@@ -211,22 +211,40 @@ COLUMNS = [("iteration_s", "iter s", "{:.1f}"), ("rollout_s", "batch wait s", "{
 
 
 def render(scenario: Scenario, results: list[RunResult], console: Any) -> None:
-    """A rich table per scenario: one row per run, ratios against the first run."""
+    """A rich table per scenario: one row per run, ratios against the first run.
+
+    Why two layouts: the row-per-run table is ~170 columns wide, and rich squeezes a wider table
+    than the terminal into "…" cells. When it does not fit, the same cells go out transposed (a row
+    per measurement, a column per run), which an 80-column terminal shows whole for a few runs.
+    """
     from rich.table import Table
 
-    table = Table(title=f"{scenario.name}: {scenario.paper}" if scenario.paper else scenario.name)
-    table.add_column("run")
-    for _, head, _ in COLUMNS:
+    title = f"{scenario.name}: {scenario.paper}" if scenario.paper else scenario.name
+    heads = ["run", *(head for _, head, _ in COLUMNS), "x iter (vs first)", "x tok/s (vs first)"]
+    cells = [_cells(r, results[0]) for r in results]
+    table = Table(title=title)
+    table.add_column(heads[0])
+    for head in heads[1:]:
         table.add_column(head, justify="right")
-    table.add_column("x iter (vs first)", justify="right")
-    table.add_column("x tok/s (vs first)", justify="right")
-    base = results[0] if results else None
-    for r in results:
-        row = r.row()
-        table.add_row(r.name, *(fmt.format(row[key]) for key, _, fmt in COLUMNS),
-                      f"{base.iteration_s / r.iteration_s:.2f}x" if base and r.iteration_s else "-",
-                      f"{r.tokens_per_s / base.tokens_per_s:.2f}x" if base and base.tokens_per_s else "-")
+    for row in cells:
+        table.add_row(*row)
+    # measured unclamped: rich clamps a measurement to the options' width, which would always "fit"
+    if console.measure(table, options=console.options.update_width(1 << 20)).maximum > console.width:
+        table = Table(title=title)
+        table.add_column(heads[0])
+        for row in cells:
+            table.add_column(row[0], justify="right")
+        for i, head in enumerate(heads[1:], start=1):
+            table.add_row(head, *(row[i] for row in cells))
     console.print(table)
+
+
+def _cells(r: RunResult, base: RunResult) -> list[str]:
+    """One run's cells in `render`'s column order: name, COLUMNS, then the two ratios against `base`."""
+    row = r.row()
+    return [r.name, *(fmt.format(row[key]) for key, _, fmt in COLUMNS),
+            f"{base.iteration_s / r.iteration_s:.2f}x" if r.iteration_s else "-",
+            f"{r.tokens_per_s / base.tokens_per_s:.2f}x" if base.tokens_per_s else "-"]
 
 
 def plot_roles(results: list[RunResult], out: Path, title: str = "") -> Path:
