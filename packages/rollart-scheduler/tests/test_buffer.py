@@ -87,6 +87,38 @@ async def test_balanced_batch_waits_for_the_slow_task():
     assert [t.id for t in await unbalanced.get_batch(2, timeout_s=1.0)] == ["f0", "f1"]
 
 
+async def test_a_slot_waits_for_room_and_every_way_a_group_closes_gives_it_back():
+    """D44: consumed, aborted and evicted groups each free their place; a task with room never waits."""
+    buf = SampleBuffer(alpha=1, group_size=1, tasks=["a", "b"])
+    for gid in ("a-g0", "a-g1", "b-g2"):
+        buf.admit(gid)
+    assert (buf.outstanding("a"), buf.outstanding("b")) == (2, 1)
+    await asyncio.wait_for(buf.wait_for_room("b", 2), 1)  # room: returns at once
+
+    async def waits(task, limit):
+        waiter = asyncio.ensure_future(buf.wait_for_room(task, limit))
+        await asyncio.sleep(0)
+        return waiter
+
+    waiter = await waits("a", 2)
+    assert not waiter.done()
+    buf.abort_group("a-g0", "failed in flight")  # aborted
+    await asyncio.wait_for(waiter, 1)
+    waiter = await waits("a", 1)
+    buf.put_nowait(FakeTraj("t1", "a-g1", [0]))
+    buf.set_version(2)  # evicted as stale
+    await asyncio.wait_for(waiter, 1)
+    buf.admit("a-g3")
+    buf.put_nowait(FakeTraj("t3", "a-g3", [2]))
+    buf.put_nowait(FakeTraj("t2", "b-g2", [2]))
+    waiter = await waits("a", 1)
+    assert len(await buf.get_batch(2, timeout_s=1)) == 2  # consumed
+    await asyncio.wait_for(waiter, 1)
+    assert (buf.outstanding("a"), buf.outstanding("b")) == (0, 0)
+    with pytest.raises(SchedulerError, match="admitted once"):
+        buf.admit("a-g3")
+
+
 def test_bad_arguments_name_the_field():
     with pytest.raises(SchedulerError, match="alpha"):
         SampleBuffer(alpha=-1, group_size=1)
@@ -112,12 +144,27 @@ class BufferMachine(RuleBasedStateMachine):
         self.consumed: list[str] = []
         self.n = 0
         self.open_groups: list[str] = []
+        self.admitted: set[str] = set()
+        self.aborted: set[str] = set()  # groups closed by the abort rule (an admitted group may have no member yet)
 
-    @rule(new_group=st.booleans(), lag=st.integers(0, 3), mixed=st.booleans(), failed=st.integers(0, 9), pick=st.integers(0, 50))
-    def put(self, new_group, lag, mixed, failed, pick):
+    @rule(pick=st.integers(0, 50))
+    def admit(self, pick):
+        """A slot starts a group (D44): it counts as outstanding until it is consumed or aborted."""
+        gid = f"{TASKS[pick % 2]}-g{self.n}"
+        self.n += 1
+        self.buf.admit(gid)
+        self.admitted.add(gid)
+        self.open_groups.append(gid)
+
+    @rule(new_group=st.booleans(), lag=st.integers(0, 3), mixed=st.booleans(), failed=st.integers(0, 9), pick=st.integers(0, 50),
+          admitted=st.booleans())
+    def put(self, new_group, lag, mixed, failed, pick, admitted):
         if new_group or not self.open_groups:
             gid = f"{TASKS[pick % 2]}-g{self.n}"
             self.open_groups.append(gid)
+            if admitted:  # as a RolloutScheduler slot does before the first member arrives (D44)
+                self.buf.admit(gid)
+                self.admitted.add(gid)
         else:
             gid = self.open_groups[pick % len(self.open_groups)]
         self.n += 1
@@ -135,7 +182,9 @@ class BufferMachine(RuleBasedStateMachine):
     @rule(pick=st.integers(0, 50))
     def abort(self, pick):
         if self.open_groups:
-            self.buf.abort_group(self.open_groups[pick % len(self.open_groups)], "test abort")
+            gid = self.open_groups[pick % len(self.open_groups)]
+            self.buf.abort_group(gid, "test abort")
+            self.aborted.add(gid)
 
     @precondition(lambda self: self.buf.can_take(self.gs))
     @rule(k=st.integers(1, 4))
@@ -169,6 +218,20 @@ class BufferMachine(RuleBasedStateMachine):
         assert sum(1 for r in recs.values() if r.state == BUFFERED) == self.buf.buffered_count()
 
     @invariant()
+    def outstanding_counts_the_admitted_groups_not_yet_closed(self):
+        if not hasattr(self, "buf"):
+            return
+        # a record that is not buffered closed its group, except an extra member refused by a full group
+        closed = {r.group_id for r in self.buf.records().values()
+                  if r.state != BUFFERED and "members" not in r.reason} | self.aborted
+        still_open = [g for g in self.admitted if g not in closed]
+        if self.balanced:
+            for task in TASKS:
+                assert self.buf.outstanding(task) == sum(1 for g in still_open if g.startswith(f"{task}-g"))
+        else:
+            assert self.buf.outstanding() == len(still_open)
+
+    @invariant()
     def nothing_buffered_is_out_of_bound(self):
         if not hasattr(self, "buf"):
             return
@@ -178,4 +241,4 @@ class BufferMachine(RuleBasedStateMachine):
 
 
 TestBufferMachine = BufferMachine.TestCase
-TestBufferMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+TestBufferMachine.settings = settings(max_examples=100, stateful_step_count=30, deadline=None)

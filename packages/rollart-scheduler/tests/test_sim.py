@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from rollart.proxy.sim_engine import QWEN3_8B, RooflineModel
 from rollart.resource.hardware import BUILTIN_HARDWARE
+from rollart.scheduler.buffer import BUFFERED, CONSUMED, group_task
 from rollart.scheduler.cli import app
 from rollart.scheduler.errors import ConfigError
 from rollart.scheduler.sim import SIM_GC_THRESHOLD, RunResult, run_one, run_scenario, simulation_gc
@@ -112,6 +113,57 @@ def test_every_trajectory_is_accounted_once_and_the_bound_holds(mode, alpha, gro
     assert r.seen == r.collected + r.aborted + r.failed + r.in_buffer  # each trajectory in exactly one bucket
     assert r.staleness_max <= alpha
     assert all(h["trajectories"] == 8 and h["staleness_max"] <= alpha for h in r.history)
+
+
+@pytest.mark.parametrize("mode", ["async", "one_off"])
+def test_slots_start_no_group_while_their_task_has_enough_outstanding(mode, tmp_path):
+    """D44, with fast envs and a slow train step. Before, every slot kept starting groups: complete groups piled
+    up (15 for a task whose limit is 4) and went stale (136 of 204 trajectories in async; 32 of 72 now)."""
+    from collections import Counter
+
+    from rollart.resource.virtual_time import run_virtual
+    from rollart.scheduler.builder import build_pipeline
+    from rollart.scheduler.sim import _cancel_leftovers
+
+    data = scenario(
+        iterations=4,
+        pipeline={"mode": mode, "alpha": 1, "batch_size": 8, "group_size": 4, "redundancy": 1.5},
+        model={"sim_model": "Qwen3-32B"}, trainer={"backend": "sim", "devices": 1, "hardware": "H800"},
+        workload={"turns": 1, "prompt_tokens": 2000, "observation_tokens": 8, "response_tokens": 8, "step_latency": 0.01})
+    data["config"]["tasks"] = [{"env": "synthetic", "reward": "synthetic", "tag": t, "max_turns": 2, "max_tokens": 64,
+                                "env_timeout_s": 600} for t in ("a", "b")]
+    spec = parse_scenario(data)
+    config = spec.run_config(spec.runs[0])
+
+    async def go():
+        pipe = await build_pipeline(config, tmp_path, tensorboard=False)
+        buffer, rollout = pipe.parts.buffer, pipe.parts.rollout
+        limits = dict(rollout.room_limits)
+        peak_complete, peak_outstanding = Counter(), Counter()
+
+        def watch(_):
+            members = Counter(r.group_id for r in buffer.records().values() if r.state == BUFFERED)
+            complete = Counter(group_task(g) for g, n in members.items() if n == buffer.group_size)
+            for t in limits:
+                peak_complete[t] = max(peak_complete[t], complete[t])
+                peak_outstanding[t] = max(peak_outstanding[t], buffer.outstanding(t))
+
+        buffer.observe(watch)
+        try:
+            await pipe.run(config.run.iterations)
+            watch(None)
+            records = buffer.records()
+        finally:
+            rollout.pause_launches()
+            await rollout.abort_inflight("test over")
+            await pipe.close()
+        await _cancel_leftovers()
+        return limits, peak_complete, peak_outstanding, records
+
+    limits, peak_complete, peak_outstanding, records = run_virtual(go(), seed=1).result
+    assert len(limits) == 2 and all(peak_complete[t] >= 1 for t in limits)
+    assert sum(1 for r in records.values() if r.state == CONSUMED) == 4 * 8  # every batch was still filled
+    assert all(peak_complete[t] <= peak_outstanding[t] <= limits[t] for t in limits), (peak_complete, peak_outstanding, limits)
 
 
 def test_batch_level_interaction_waits_for_the_slowest_env_every_turn():

@@ -66,6 +66,9 @@ class _Group:
 _Entry = tuple[int, int, str]  # (oldest version, group seq, group id): the order of eviction and of batches
 
 
+_NOT_ADMITTED = object()  # `_release`'s marker for a group that was never admitted (puts from outside a RolloutScheduler)
+
+
 def group_task(group_id: str) -> str:
     """The task of a RolloutScheduler group id `TASK-gN` (the whole id when it has no `-g`)."""
     return group_id.rsplit("-g", 1)[0]
@@ -122,6 +125,9 @@ class SampleBuffer:
         self._ready: dict[str | None, list[_Entry]] = {}  # complete groups per task (None: unbalanced)
         self._buffered = 0
         self._observers: list[Callable[[BufferedTrajectory], None]] = []
+        self._admitted: dict[str, str | None] = {}  # group id -> task key, from admit() until the group closes (D44)
+        self._outstanding: dict[str | None, int] = {}  # admitted, still open groups per task key
+        self._room: dict[str | None, list[tuple[int, asyncio.Future[None]]]] = {}  # wait_for_room waiters
 
     @classmethod
     def from_config(cls, config: RunConfig, tasks: Sequence[str] = (), version: int = 0) -> SampleBuffer:
@@ -144,6 +150,7 @@ class SampleBuffer:
     def _abort_group(self, group_id: str, reason: str) -> list[str]:
         group = self._groups.pop(group_id, None)
         self._closed_groups[group_id] = reason
+        self._release(group_id)
         ids: list[str] = []
         if group is not None:
             self._buffered -= len(group.members)
@@ -297,6 +304,7 @@ class SampleBuffer:
             del self._groups[gid]
             self._buffered -= len(group.members)
             self._closed_groups[gid] = CONSUMED
+            self._release(gid)
             for t in group.members:
                 self._records[t.id].state = CONSUMED
             batch.extend(group.members)
@@ -342,6 +350,50 @@ class SampleBuffer:
         # AST: AST_POSTCONDITION(all([oldest_version(t) >= self._version - self.alpha for t in batch]), got=[oldest_version(t) for t in batch], msg="no trajectory violates the bound", exc=SchedulerError)
         check.postcondition(all([oldest_version(t) >= self._version - self.alpha for t in batch]), "no trajectory violates the bound", got_lazy=lambda: [oldest_version(t) for t in batch], exc=SchedulerError)  # generated #464f018ca6
         return batch
+
+    def _release(self, group_id: str) -> None:
+        """An admitted group closed (consumed or aborted): give back its place and wake the waiters that now have room."""
+        key = self._admitted.pop(group_id, _NOT_ADMITTED)
+        if key is _NOT_ADMITTED:
+            return
+        count = self._outstanding[key] = self._outstanding[key] - 1
+        waiters = self._room.get(key)
+        if waiters:
+            keep = []
+            for limit, future in waiters:
+                if not future.done():
+                    if count < limit:
+                        future.set_result(None)
+                    else:
+                        keep.append((limit, future))
+            self._room[key] = keep
+
+    def outstanding(self, task: str | None = None) -> int:
+        """Admitted groups of `task` not yet consumed or aborted (all tasks when unbalanced): in flight, being
+        scored, or buffered. O(1)."""
+        return self._outstanding.get(task if self.tasks else None, 0)
+
+    async def wait_for_room(self, task: str | None, limit: int) -> None:
+        """Return once fewer than `limit` groups of `task` are outstanding (D44: a slot's admission).
+
+        Why the buffer counts: a group stays outstanding from `admit` until it is consumed or aborted
+        (evicted as stale included), and only the buffer sees that; it wakes the waiters that have room
+        when the count drops, with no polling. Amortised O(1) per admission.
+        """
+        # deps: SampleBuffer.outstanding
+        key = task if self.tasks else None
+        while self._outstanding.get(key, 0) >= limit:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._room.setdefault(key, []).append((limit, future))
+            await future
+
+    def admit(self, group_id: str) -> None:
+        """Count `group_id` as outstanding until it closes: the RolloutScheduler calls it as a slot starts the group."""
+        # AST: AST_PRECONDITION(group_id not in self._admitted and group_id not in self._closed_groups and group_id not in self._groups, got=group_id, msg="a group is admitted once, before any member arrives", exc=SchedulerError)
+        check.precondition(group_id not in self._admitted and group_id not in self._closed_groups and group_id not in self._groups, "a group is admitted once, before any member arrives", got=group_id, exc=SchedulerError)  # generated #d2b00a5190
+        key = self.task_of(group_id) if self.tasks else None
+        self._admitted[group_id] = key
+        self._outstanding[key] = self._outstanding.get(key, 0) + 1
 
     def ready_count(self) -> int:
         """Trajectories in complete, in-bound groups (what get_batch could take now)."""

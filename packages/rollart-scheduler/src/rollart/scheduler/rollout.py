@@ -9,6 +9,7 @@ redundancy (§5.3): the batch fills from the fastest groups and the rest carry o
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import random
 from collections.abc import Callable, Sequence
@@ -78,16 +79,30 @@ class RolloutScheduler:
         self._stopping = False  # a slot whose managers all swallowed the stop (an abort raced it) exits here
         self.once_per_launch = once_per_launch
         self._launch = asyncio.Event()  # replaced (and the old one set) by every resume_launches
+        # D44: a continuously launching slot starts a group only while its task has fewer than
+        # (max(1, alpha) + 1) x its slots outstanding (admitted, not yet consumed or aborted)
+        self.admission = not once_per_launch and not lockstep
+        per_task = collections.Counter(self.slot_tasks)
+        share = max(1, buffer.alpha) + 1
+        self.room_limits = {t: share * (per_task[t] if buffer.tasks else len(self.slots)) for t in per_task}
 
     def _managers_inflight(self) -> list[EnvManager]:
         return [m for slot in self.slots for m in slot if m.current is not None and not m.current.ended]
 
     async def _run_group(self, index: int) -> None:
         managers, task = self.slots[index], self.slot_tasks[index]
+        if self.admission:
+            await self.buffer.wait_for_room(task, self.room_limits[task])
         n = next(self._gids)
         gid = f"{task}-g{n}"
         seed = self._seed_fn(task, n)
-        await asyncio.gather(*(m.run_trajectory(seed=seed, group_id=gid) for m in managers))
+        if self.admission:
+            self.buffer.admit(gid)
+        try:
+            await asyncio.gather(*(m.run_trajectory(seed=seed, group_id=gid) for m in managers))
+        except BaseException:  # cancelled (stop) or a manager broke: close the group so its place is given back
+            self.buffer.abort_group(gid, "its rollout slot stopped")
+            raise
 
     async def _slot_loop(self, index: int) -> None:
         while not self._stopping:
