@@ -119,6 +119,22 @@ async def test_a_slot_waits_for_room_and_every_way_a_group_closes_gives_it_back(
         buf.admit("a-g3")
 
 
+async def test_one_freed_place_wakes_one_waiter_and_a_cancelled_one_hands_it_on():
+    """D44: a release wakes the longest waiter only (no herd); woken and then cancelled, it passes the place on."""
+    buf = SampleBuffer(alpha=1, group_size=1, tasks=["a"])
+    buf.admit("a-g0")
+    buf.admit("a-g1")
+    first, second, third = (asyncio.ensure_future(buf.wait_for_room("a", 2)) for _ in range(3))
+    await asyncio.sleep(0)
+    buf.abort_group("a-g0", "failed in flight")
+    first.cancel()  # woken by the release, cancelled before it could start its group
+    await asyncio.wait_for(second, 1)
+    assert first.cancelled() and not third.done()
+    buf.admit("a-g2")  # what `second`'s slot does next
+    buf.abort_group("a-g1", "failed in flight")
+    await asyncio.wait_for(third, 1)
+
+
 def test_bad_arguments_name_the_field():
     with pytest.raises(SchedulerError, match="alpha"):
         SampleBuffer(alpha=-1, group_size=1)

@@ -9,6 +9,7 @@ section of the event loop, and a postcondition re-checks every batch.
 from __future__ import annotations
 
 import asyncio
+import collections
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -64,9 +65,6 @@ class _Group:
 
 
 _Entry = tuple[int, int, str]  # (oldest version, group seq, group id): the order of eviction and of batches
-
-
-_NOT_ADMITTED = object()  # `_release`'s marker for a group that was never admitted (puts from outside a RolloutScheduler)
 
 
 def group_task(group_id: str) -> str:
@@ -127,7 +125,7 @@ class SampleBuffer:
         self._observers: list[Callable[[BufferedTrajectory], None]] = []
         self._admitted: dict[str, str | None] = {}  # group id -> task key, from admit() until the group closes (D44)
         self._outstanding: dict[str | None, int] = {}  # admitted, still open groups per task key
-        self._room: dict[str | None, list[tuple[int, asyncio.Future[None]]]] = {}  # wait_for_room waiters
+        self._room: dict[str | None, collections.deque[tuple[int, asyncio.Future[None]]]] = {}  # wait_for_room, FIFO
 
     @classmethod
     def from_config(cls, config: RunConfig, tasks: Sequence[str] = (), version: int = 0) -> SampleBuffer:
@@ -352,21 +350,26 @@ class SampleBuffer:
         return batch
 
     def _release(self, group_id: str) -> None:
-        """An admitted group closed (consumed or aborted): give back its place and wake the waiters that now have room."""
-        key = self._admitted.pop(group_id, _NOT_ADMITTED)
-        if key is _NOT_ADMITTED:
+        """An admitted group closed (consumed or aborted): give back its place to the longest waiter."""
+        if group_id not in self._admitted:  # put from outside a RolloutScheduler: never counted
             return
-        count = self._outstanding[key] = self._outstanding[key] - 1
+        key = self._admitted.pop(group_id)
+        self._outstanding[key] -= 1
+        self._wake_one(key)
+
+    def _wake_one(self, key: str | None) -> None:
+        """Wake the first live waiter of `key` if there is room for it. One per freed place: the woken slot
+        admits its group before anyone else runs, so waking more would only send them back to the queue."""
         waiters = self._room.get(key)
-        if waiters:
-            keep = []
-            for limit, future in waiters:
-                if not future.done():
-                    if count < limit:
-                        future.set_result(None)
-                    else:
-                        keep.append((limit, future))
-            self._room[key] = keep
+        while waiters:
+            limit, future = waiters[0]
+            if future.done():  # its slot was cancelled while waiting
+                waiters.popleft()
+                continue
+            if self._outstanding.get(key, 0) < limit:
+                waiters.popleft()
+                future.set_result(None)
+            return
 
     def outstanding(self, task: str | None = None) -> int:
         """Admitted groups of `task` not yet consumed or aborted (all tasks when unbalanced): in flight, being
@@ -378,14 +381,19 @@ class SampleBuffer:
 
         Why the buffer counts: a group stays outstanding from `admit` until it is consumed or aborted
         (evicted as stale included), and only the buffer sees that; it wakes the waiters that have room
-        when the count drops, with no polling. Amortised O(1) per admission.
+        when the count drops, one per freed place, with no polling: amortised O(1) per admission.
         """
         # deps: SampleBuffer.outstanding
         key = task if self.tasks else None
         while self._outstanding.get(key, 0) >= limit:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._room.setdefault(key, []).append((limit, future))
-            await future
+            self._room.setdefault(key, collections.deque()).append((limit, future))
+            try:
+                await future
+            except asyncio.CancelledError:
+                if future.done() and not future.cancelled():  # woken, then cancelled: hand the place on
+                    self._wake_one(key)
+                raise
 
     def admit(self, group_id: str) -> None:
         """Count `group_id` as outstanding until it closes: the RolloutScheduler calls it as a slot starts the group."""

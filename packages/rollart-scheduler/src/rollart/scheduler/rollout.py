@@ -101,7 +101,8 @@ class RolloutScheduler:
         try:
             await asyncio.gather(*(m.run_trajectory(seed=seed, group_id=gid) for m in managers))
         except BaseException:  # cancelled (stop) or a manager broke: close the group so its place is given back
-            self.buffer.abort_group(gid, "its rollout slot stopped")
+            if self.admission:
+                self.buffer.abort_group(gid, "its rollout slot stopped")
             raise
 
     async def _slot_loop(self, index: int) -> None:
