@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.install-stamp
-PACKAGES := resource env reward proxy sync train scheduler
+PACKAGES := checks resource env reward proxy sync train scheduler
 EDITABLES := $(foreach p,$(PACKAGES),-e packages/rollart-$(p)$(if $(filter proxy,$(p)),[torch],))
 SRC_DIRS := packages scripts validation_patterns tests examples conftest.py
 

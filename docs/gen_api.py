@@ -13,6 +13,8 @@ import mkdocs_gen_files
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("resource", "proxy", "env", "reward", "sync", "train", "scheduler")
+# distributions that are one module in the namespace (rollart-checks): one page, every member shown
+MODULES = ("checks",)
 
 
 def public_modules(package: str) -> list[str]:
@@ -37,7 +39,15 @@ def render_page(package: str) -> str:
     return "\n".join(lines)
 
 
+def render_module_page(module: str) -> str:
+    """The Markdown of `api/<module>.md` for a one-module distribution: its docstring and every function."""
+    return "\n".join([f"# rollart.{module}", "", f"::: rollart.{module}", "    options:", "      show_root_heading: false", ""])
+
+
 if __name__ == "<run_path>":  # mkdocs-gen-files
     for pkg in PACKAGES:
         with mkdocs_gen_files.open(f"api/{pkg}.md", "w") as page:
             page.write(render_page(pkg))
+    for mod in MODULES:
+        with mkdocs_gen_files.open(f"api/{mod}.md", "w") as page:
+            page.write(render_module_page(mod))

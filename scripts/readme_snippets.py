@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("rollart-resource", "rollart-env", "rollart-reward", "rollart-proxy", "rollart-sync",
+PACKAGES = ("rollart-checks", "rollart-resource", "rollart-env", "rollart-reward", "rollart-proxy", "rollart-sync",
             "rollart-train", "rollart-scheduler")
 # Extras too heavy (or GPU-only) to install in the install-alone check; their lines are reported, not run.
 HEAVY_EXTRAS = ("[vllm]", "[megatron]", "[mooncake]")

@@ -45,3 +45,6 @@ def test_api_pages_document_each_public_module_once():
         assert page.count(f"::: rollart.{pkg}\n") == 1 and "members: false" in page  # no re-exports twice
         assert all(not part.startswith("_") for m in modules for part in m.split(".")[2:])
     assert "rollart.train.models" in gen.public_modules("train")
+    for mod in gen.MODULES:
+        assert (ROOT / "packages" / f"rollart-{mod}" / "src" / "rollart" / f"{mod}.py").is_file()
+        assert gen.render_module_page(mod).count(f"::: rollart.{mod}\n") == 1

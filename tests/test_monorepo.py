@@ -11,16 +11,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("resource", "env", "reward", "proxy", "sync", "train", "scheduler")
+PACKAGES = ("checks", "resource", "env", "reward", "proxy", "sync", "train", "scheduler")
+# single-module distributions: src/rollart/<name>.py instead of a package folder
+MODULES = {"checks"}
 # design/000-overview.md §2: which rollart distributions each one may depend on
+# (rollart-checks, the validation runtime, is at the bottom: every package may depend on it)
 ALLOWED = {
-    "resource": set(),
-    "env": set(),
-    "reward": {"env", "resource"},
-    "proxy": {"resource"},
-    "sync": {"resource"},
-    "train": {"resource"},
-    "scheduler": {"resource", "env", "reward", "proxy", "sync", "train"},
+    "checks": set(),
+    "resource": {"checks"},
+    "env": {"checks"},
+    "reward": {"checks", "env", "resource"},
+    "proxy": {"checks", "resource"},
+    "sync": {"checks", "resource"},
+    "train": {"checks", "resource"},
+    "scheduler": {"checks", "resource", "env", "reward", "proxy", "sync", "train"},
 }
 
 
@@ -39,10 +43,16 @@ def test_package_layout_and_metadata(pkg):
     meta = _pyproject(pkg)["project"]
     assert meta["name"] == f"rollart-{pkg}"
     assert re.fullmatch(r"\d+\.\d+\.\d+", meta["version"])
-    for required in ("README.md", "CHANGELOG.md", f"src/rollart/{pkg}/py.typed", f"src/rollart/{pkg}/__init__.py"):
-        assert (base / required).is_file(), f"rollart-{pkg} lacks {required}"
+    if pkg in MODULES:  # one module in the namespace: no folder, so no py.typed (PEP 561 marks packages)
+        required: tuple[str, ...] = ("README.md", "CHANGELOG.md", f"src/rollart/{pkg}.py")
+        init_path = base / "src" / "rollart" / f"{pkg}.py"
+    else:
+        required = ("README.md", "CHANGELOG.md", f"src/rollart/{pkg}/py.typed", f"src/rollart/{pkg}/__init__.py")
+        init_path = base / "src" / "rollart" / pkg / "__init__.py"
+    for rel in required:
+        assert (base / rel).is_file(), f"rollart-{pkg} lacks {rel}"
     assert (base / "tests").is_dir()
-    init = (base / "src" / "rollart" / pkg / "__init__.py").read_text()
+    init = init_path.read_text()
     assert f'__version__ = "{meta["version"]}"' in init, "package __version__ must match pyproject version"
 
 

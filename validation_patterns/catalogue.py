@@ -14,7 +14,7 @@ def render_catalogue() -> str:
         "Annotate code with `# VAL: ID(args)` or `# AST: ID(args)` and run `make expand`; "
         "every pattern also accepts `exc=YourError` to raise a package's own exception class and "
         "`name=\"...\"` to say how the message names the value. Each annotation expands to one line "
-        "calling `validation_patterns/checks.py` (copied as `rollart.resource.checks` and `rollart.env.checks`).",
+        "calling the runtime `rollart.checks` (the rollart-checks distribution, one module every package imports).",
         "",
         "| id | checks | raises |",
         "|---|---|---|",

@@ -6,7 +6,7 @@ catalogue — so they live in one YAML file, and the code they expand to is a Ji
 because Jinja2 is the well-kept, widely known way to render text with conditionals.
 Annotations are parsed with :mod:`ast` (an annotation is a Python call expression), so no
 hand-written parser decides what a parameter is. An annotation renders to one line that calls
-the pattern's runtime function in :mod:`validation_patterns.checks`.
+the pattern's runtime function in ``rollart.checks`` (packages/rollart-checks, the one copy).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 LIBRARY_PATH = Path(__file__).with_name("patterns.yaml")
 COMMON_PARAMS = ("exc", "name")
-RUNTIME_PATH = Path(__file__).with_name("checks.py")
+RUNTIME_PATH = Path(__file__).resolve().parents[1] / "packages" / "rollart-checks" / "src" / "rollart" / "checks.py"
 
 
 class PatternError(ValueError):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from rollart.env import checks as check
+from rollart import checks as check
 from rollart.env.errors import EnvError
 from rollart.env.manager import EnvManager
 from rollart.env.trajectory import Trajectory, TrajectoryStatus

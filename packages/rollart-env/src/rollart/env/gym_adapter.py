@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rollart.env import checks as check
+from rollart import checks as check
 from rollart.env.errors import EnvError
 from rollart.env.protocols import ResetResult, StepResult
 

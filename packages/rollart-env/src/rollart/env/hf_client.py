@@ -13,7 +13,7 @@ import asyncio
 import threading
 from typing import Any
 
-from rollart.env import checks as check
+from rollart import checks as check
 from rollart.env.errors import EnvError
 from rollart.env.protocols import GenerationRequest, GenerationResult
 

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Protocol, TypeVar
 
-from rollart.env import checks as check
+from rollart import checks as check
 from rollart.env.errors import EnvCrashedError, EnvError, EnvProtocolError, EnvTimeoutError, LLMCallError
 from rollart.env.protocols import (
     FINISH_REASONS,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollart.env import checks as check
+from rollart import checks as check
 from rollart.env.errors import EnvError
 
 _SENTINEL = "\u2063ROLLART_SENTINEL\u2063"

@@ -11,7 +11,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from rollart.env import checks as check
+from rollart import checks as check
 from rollart.env.errors import EnvError
 from rollart.env.trajectory import Trajectory
 

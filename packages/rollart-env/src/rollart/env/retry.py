@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import tenacity
 
-from rollart.env import checks as check
+from rollart import checks as check
 from rollart.env.errors import EnvError, EnvTimeoutError, TransientEnvError
 
 T = TypeVar("T")

@@ -12,7 +12,7 @@ import asyncio
 import random
 from collections.abc import Callable, Sequence
 
-from rollart.env import checks as check
+from rollart import checks as check
 from rollart.env.errors import EnvError, TransientEnvError
 from rollart.env.protocols import GenerationRequest, GenerationResult, ResetResult, StepResult
 from rollart.env.trajectory import Trajectory

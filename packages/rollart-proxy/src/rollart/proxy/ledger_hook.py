@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rollart import checks as check
 from rollart.proxy.errors import ProxyError
 from rollart.proxy.proxy import ACTIVE, OFFLOADED, LLMProxy, WorkerSlot
-from rollart.resource import checks as check
 from rollart.resource.ledger import Transition, TransitionVetoed
 
 

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rollart import checks as check
 from rollart.proxy.errors import ProxyError
-from rollart.resource import checks as check
 
 if TYPE_CHECKING:
     import torch

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rollart import checks as check
 from rollart.proxy.errors import NoWorkerAvailableError, ProxyError, ProxyTimeoutError, WorkerFailedError
 from rollart.proxy.routing import AffinityRouter, LoadIndex, RoutingPolicy, WorkerView
 from rollart.proxy.types import (
@@ -39,7 +40,6 @@ from rollart.proxy.types import (
 )
 from rollart.proxy.weight_identity import same_payload, weights_digest
 from rollart.proxy.worker import WorkerHandle
-from rollart.resource import checks as check
 
 if TYPE_CHECKING:
     import torch

@@ -15,11 +15,11 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from rollart import checks as check
 from rollart.proxy.engine import Engine
 from rollart.proxy.errors import ProxyError, ProxyTimeoutError, WorkerFailedError
 from rollart.proxy.types import EngineOutput, EngineRequest
 from rollart.proxy.worker import InferenceWorker, WorkerStats
-from rollart.resource import checks as check
 
 if TYPE_CHECKING:
     import torch

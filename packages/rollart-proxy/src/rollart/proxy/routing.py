@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from rollart import checks as check
 from rollart.proxy.errors import ProxyError
 from rollart.proxy.types import GenerateRequest
-from rollart.resource import checks as check
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from rollart import checks as check
 from rollart.proxy.errors import ProxyError, WorkerFailedError
 from rollart.proxy.types import (
     FINISH_ABORT,
@@ -26,7 +27,6 @@ from rollart.proxy.types import (
     EngineRequest,
 )
 from rollart.proxy.weight_identity import same_payload, weights_digest
-from rollart.resource import checks as check
 
 
 class HardwareLike(Protocol):

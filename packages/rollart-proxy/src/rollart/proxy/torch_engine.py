@@ -26,6 +26,7 @@ except ImportError as err:  # the optional extra is missing: say which one
     raise ImportError("TorchEngine needs torch and transformers: pip install torch==2.13.0 'rollart-proxy[torch]' "
                       "(the pin keeps the CPU build)") from err
 
+from rollart import checks as check
 from rollart.proxy.errors import ProxyError
 from rollart.proxy.prefix_cache import KV, PrefixHit, PrefixKVCache
 from rollart.proxy.sampling import sample_next
@@ -38,7 +39,6 @@ from rollart.proxy.types import (
     EngineRequest,
 )
 from rollart.proxy.weight_identity import holds_weights
-from rollart.resource import checks as check
 
 
 @dataclass

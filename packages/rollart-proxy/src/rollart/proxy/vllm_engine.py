@@ -29,10 +29,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rollart import checks as check
 from rollart.proxy.errors import ProxyError
 from rollart.proxy.types import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, EngineLoad, EngineOutput, EngineRequest
 from rollart.proxy.weight_identity import same_payload, weights_digest
-from rollart.resource import checks as check
 
 if TYPE_CHECKING:
     import torch

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rollart import checks as check
 from rollart.proxy.engine import Engine
 from rollart.proxy.errors import ProxyError, ProxyTimeoutError, WorkerFailedError
 from rollart.proxy.types import (
@@ -24,7 +25,6 @@ from rollart.proxy.types import (
     EngineOutput,
     EngineRequest,
 )
-from rollart.resource import checks as check
 
 log = logging.getLogger(__name__)
 

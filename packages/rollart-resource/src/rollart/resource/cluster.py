@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.resource.decorators import ROUTE_MODE, DispatchSpec, dispatch_spec_of
 from rollart.resource.errors import (
     CallTimeout,

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.resource.errors import ResourceError
 
 __all__ = ["DISPATCH_MODES", "DispatchSpec", "ServerlessSpec", "dispatch_spec_of", "hw_mapping", "register",

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.resource.errors import ResourceError, UnknownHardwareError
 
 __all__ = ["BUILTIN_HARDWARE", "HardwareCatalogue", "HardwareSpec"]

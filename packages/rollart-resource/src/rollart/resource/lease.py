@@ -21,7 +21,7 @@ import socket
 import uuid
 from pathlib import Path
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.resource.errors import ResourceError
 
 __all__ = ["ControllerLock", "ControllerLockHeld", "StaleController", "controller_identity"]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.resource.errors import ResourceError, UnknownHardwareError
 from rollart.resource.hardware import HardwareCatalogue
 from rollart.resource.hooks import call_hook

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import tenacity
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.resource.errors import ResourceError
 
 JITTERS = ("full", "equal")

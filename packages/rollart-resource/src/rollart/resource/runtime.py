@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.resource.errors import CallTimeout, PlacementTimeout, ResourceError, WorkerDiedError
 
 __all__ = ["LocalRuntime", "RayRuntime", "WorkerContext", "WorkerRuntime", "bundle_for"]

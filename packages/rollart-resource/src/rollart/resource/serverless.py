@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.resource.errors import ResourceError, ServerlessError
 from rollart.resource.retry import Backoff, retrying
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.resource.errors import ResourceError
 
 __all__ = ["VirtualRun", "VirtualTimeLoop", "run_virtual"]

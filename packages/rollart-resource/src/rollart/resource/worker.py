@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.resource.errors import ResourceError
 from rollart.resource.runtime import WorkerContext
 

@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.reward.errors import RewardError
 
 CLAIM_OUTCOMES = frozenset({"claimed", "done", "busy"})

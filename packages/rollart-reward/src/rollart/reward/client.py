@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
+from rollart import checks as check
 from rollart.env.trajectory import Trajectory
-from rollart.resource import checks as check
 from rollart.resource.retry import Backoff, retrying
 from rollart.reward.errors import RewardAttemptsExhaustedError, RewardError, RewardRequestError, RewardTimeoutError
 from rollart.reward.protocol import RewardResult

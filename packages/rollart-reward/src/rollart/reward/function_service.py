@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rollart import checks as check
 from rollart.env.trajectory import Trajectory
-from rollart.resource import checks as check
 from rollart.reward.errors import RewardError
 from rollart.reward.protocol import RewardFn, RewardRegistry, RewardResult
 from rollart.reward.service import ServiceConfig, serve

@@ -13,9 +13,9 @@ import math
 import re
 from collections.abc import Callable
 
+from rollart import checks as check
 from rollart.env.protocols import GenerationRequest, LLMClient, SamplingParams
 from rollart.env.trajectory import Trajectory
-from rollart.resource import checks as check
 from rollart.reward.errors import RewardError
 from rollart.reward.protocol import RewardResult
 

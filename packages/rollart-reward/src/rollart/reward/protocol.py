@@ -11,8 +11,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
+from rollart import checks as check
 from rollart.env.trajectory import Trajectory
-from rollart.resource import checks as check
 from rollart.reward.errors import RewardError
 
 

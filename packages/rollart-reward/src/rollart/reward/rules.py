@@ -16,9 +16,9 @@ import asyncio
 import logging
 import re
 
+from rollart import checks as check
 from rollart.env.envs.math_calc import parse_final_number
 from rollart.env.trajectory import Trajectory
-from rollart.resource import checks as check
 from rollart.reward.errors import RewardError
 from rollart.reward.protocol import RewardResult
 

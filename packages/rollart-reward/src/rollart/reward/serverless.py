@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from rollart import checks as check
 from rollart.env.trajectory import Trajectory
-from rollart.resource import checks as check
 from rollart.reward.client import idempotency_key
 from rollart.reward.errors import RewardError
 from rollart.reward.protocol import RewardResult

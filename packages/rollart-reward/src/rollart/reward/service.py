@@ -32,8 +32,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from rollart import checks as check
 from rollart.env.trajectory import Trajectory
-from rollart.resource import checks as check
 from rollart.reward.cache import ResultCache
 from rollart.reward.errors import RewardError
 from rollart.reward.protocol import RewardFn, RewardRegistry

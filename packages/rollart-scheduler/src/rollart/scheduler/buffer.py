@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.scheduler.errors import SchedulerError, SchedulerTimeout
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.scheduler.errors import SchedulerError
 
 _PREFIX = "ckpt-"

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.scheduler.checkpoint import ConfigChangedError
 from rollart.scheduler.config import RunConfig
 from rollart.scheduler.errors import ConfigError, SchedulerError

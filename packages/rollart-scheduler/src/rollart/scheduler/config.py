@@ -12,7 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.scheduler.errors import ConfigError
 
 MODES = ("sync", "one_off", "async", "time_sharing")

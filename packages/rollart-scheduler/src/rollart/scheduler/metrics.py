@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.scheduler.errors import SchedulerError
 
 REQUIRED_KEYS = frozenset(

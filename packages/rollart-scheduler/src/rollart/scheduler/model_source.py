@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.scheduler.config import RunConfig
 from rollart.scheduler.errors import SchedulerError
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.scheduler.config import RunConfig, parse_config
 from rollart.scheduler.errors import ConfigError
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rollart import checks as check
 from rollart.env.trajectory import Trajectory
-from rollart.resource import checks as check
 from rollart.scheduler.adapters import trajectories_to_samples
 from rollart.scheduler.buffer import ABORTED, SampleBuffer, oldest_version
 from rollart.scheduler.checkpoint import Checkpointer, config_identity

@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.scheduler.config import RunConfig, required_devices
 from rollart.scheduler.errors import ConfigError
 

@@ -15,9 +15,9 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from rollart import checks as check
 from rollart.env.manager import EnvManager
 from rollart.env.trajectory import Trajectory
-from rollart.resource import checks as check
 from rollart.scheduler.buffer import SampleBuffer
 from rollart.scheduler.errors import SchedulerError, SchedulerTimeout
 

@@ -16,8 +16,8 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from rollart import checks as check
 from rollart.env.trajectory import Trajectory, TrajectoryStatus
-from rollart.resource import checks as check
 from rollart.scheduler.errors import SchedulerError
 
 log = logging.getLogger(__name__)

@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rollart import checks as check
 from rollart.env.envs.latency import LatencyDistribution, LatencyWrapper
 from rollart.env.protocols import GenerationRequest, GenerationResult, ResetResult, StepResult
 from rollart.env.trajectory import Trajectory
-from rollart.resource import checks as check
 from rollart.scheduler.errors import ConfigError
 from rollart.train.sim_trainer import SimTrainer, TrainStepCost, train_step_cost
 

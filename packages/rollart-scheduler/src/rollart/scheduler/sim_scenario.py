@@ -35,7 +35,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.scheduler.config import RunConfig, format_validation_error
 from rollart.scheduler.errors import ConfigError
 from rollart.scheduler.overrides import apply_overrides

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, runtime_checkable
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.scheduler.errors import SchedulerError, SchedulerTimeout
 
 log = logging.getLogger(__name__)

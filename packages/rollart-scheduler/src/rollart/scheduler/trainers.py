@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.scheduler.actors import ChannelWeights
 from rollart.scheduler.errors import SchedulerError
 from rollart.train.batch import TrainBatch

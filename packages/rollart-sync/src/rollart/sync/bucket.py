@@ -15,7 +15,7 @@ from typing import Union
 
 import torch
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.sync.errors import ChecksumMismatchError, SyncValidationError
 
 NamedTensors = Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]]

@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.sync.bucket import Manifest, NamedTensors, unpack_buckets, verify_buckets
 from rollart.sync.errors import ChecksumMismatchError, SyncTimeoutError, SyncValidationError
 from rollart.sync.versioning import LATEST, VersionSpec

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.sync._waiting import wait_for_version
 from rollart.sync.bucket import DEFAULT_BUCKET_BYTES, NamedTensors, pack_buckets, unpack_buckets
 from rollart.sync.channel import DEFAULT_TIMEOUT_S, PublishHandle, WeightSnapshot, fetch_verified, finished_handle

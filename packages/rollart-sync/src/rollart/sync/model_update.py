@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.sync.bucket import NamedTensors
 from rollart.sync.channel import DEFAULT_TIMEOUT_S, PublishHandle, WeightChannel
 from rollart.sync.errors import StaleVersionError, SyncError, SyncTimeoutError, SyncValidationError

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.sync.bucket import (
     DEFAULT_BUCKET_BYTES,
     SUPPORTED_DTYPES,

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.sync.errors import SyncError, SyncTimeoutError, SyncValidationError
 from rollart.sync.mooncake import MooncakeConfig
 

@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.sync.bucket import DEFAULT_BUCKET_BYTES, NamedTensors
 from rollart.sync.channel import DEFAULT_TIMEOUT_S, PublishHandle, WeightSnapshot
 from rollart.sync.errors import ChannelClosedError, StaleVersionError, SyncTimeoutError, SyncValidationError

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Literal, Union
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.sync.bucket import PackedWeights
 from rollart.sync.errors import StaleVersionError, SyncValidationError
 

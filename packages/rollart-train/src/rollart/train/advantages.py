@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.train.errors import TrainError
 
 

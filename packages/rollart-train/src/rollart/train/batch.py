@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.train.advantages import grpo_advantages
 from rollart.train.errors import TrainError
 

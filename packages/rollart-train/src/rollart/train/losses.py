@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.train.batch import TrainBatch
 from rollart.train.errors import TrainError
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import LlamaConfig
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.train.errors import TrainError
 
 if TYPE_CHECKING:

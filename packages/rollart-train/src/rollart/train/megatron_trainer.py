@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.train.errors import TrainError
 from rollart.train.megatron_convert import (
     hf_to_megatron_state_dict,

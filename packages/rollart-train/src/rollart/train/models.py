@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.train.errors import TrainError
 
 

@@ -23,7 +23,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.resource.hardware import HardwareSpec
 from rollart.train.batch import TrainBatch
 from rollart.train.errors import TrainError

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from rollart.resource import checks as check
+from rollart import checks as check
 from rollart.train.batch import TrainBatch
 from rollart.train.errors import TrainError
 from rollart.train.losses import LossConfig, policy_loss, token_log_probs

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from rollart.env import checks as check
+from rollart import checks as check
 from rollart.env.envs.sandbox import PythonSandbox, SandboxLimits
 from rollart.env.errors import EnvError
 from rollart.env.protocols import ResetResult, StepResult

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rollart.env import checks as check
+from rollart import checks as check
 from rollart.env.errors import EnvError
 from rollart.env.gym_adapter import GymTextEnv
 

@@ -12,7 +12,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from rollart.env import checks as check
+from rollart import checks as check
 from rollart.env.errors import EnvCrashedError, EnvError, TransientEnvError
 from rollart.env.protocols import Env, ResetResult, StepResult
 

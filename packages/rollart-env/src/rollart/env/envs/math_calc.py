@@ -21,7 +21,7 @@ import re
 from fractions import Fraction
 from importlib import resources
 
-from rollart.env import checks as check
+from rollart import checks as check
 from rollart.env.errors import EnvError
 from rollart.env.protocols import ResetResult, StepResult
 

@@ -32,7 +32,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollart.env import checks as check
+from rollart import checks as check
 from rollart.env.envs.sandbox_os import SANDBOX_ROOT, UidLease, bwrap_argv, bwrap_returncode, kill_uid, lease_uid
 from rollart.env.errors import EnvError
 

@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollart.env import checks as check
+from rollart import checks as check
 from rollart.env.errors import EnvError
 
 RUN_UID_BASE = 612_000

@@ -7,11 +7,13 @@ Every function takes the name of the value as the caller knows it (a parameter n
 field), raises ``exc`` (a package's own exception class, which must accept one message) and
 returns None. Messages name the value, show what it was and say what is allowed.
 
-The packages cannot import this file (it is not part of any distribution), so two of them carry
-a verbatim copy, written and drift-checked by ``scripts/expand_annotations.py``:
-``rollart.resource.checks``, which every package but rollart-env depends on already, and
-``rollart.env.checks``, because rollart-env imports no other rollart package. Edit this file,
-never a copy, and run ``make expand``.
+This module is the whole of the rollart-checks distribution, at the bottom of the layering
+(it imports only the standard library), so every rollart package, rollart-env included, and
+every generated line import the one copy: ``from rollart import checks as check``. The
+annotations themselves, their parameters and the lines they expand to, live in the repository's
+``validation_patterns/`` (patterns.yaml); ``scripts/expand_annotations.py`` writes the lines.
+A signature change must keep the old call working while packages pinned to an older
+rollart-checks exist.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import builtins
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sized
 from typing import Any
+
+__version__ = "0.1.0"
 
 _UNSET: Any = object()
 
