@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.install-stamp
-PACKAGES := checks resource env reward proxy sync train scheduler
+PACKAGES := checks resource env reward proxy sync train scheduler app
 EDITABLES := $(foreach p,$(PACKAGES),-e packages/rollart-$(p)$(if $(filter proxy,$(p)),[torch],))
 SRC_DIRS := packages scripts validation_patterns tests examples conftest.py
 
@@ -66,7 +66,7 @@ docs: $(STAMP)
 	DISABLE_MKDOCS_2_WARNING=true $(VENV)/bin/mkdocs build --strict
 
 demo: $(STAMP)
-	$(PY) -m rollart.scheduler.demo
+	$(PY) -m rollart.app.demo
 
 bench: $(STAMP)
 	$(PY) scripts/bench/run_all.py

@@ -12,7 +12,7 @@ from pathlib import Path
 import mkdocs_gen_files
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("resource", "proxy", "env", "reward", "sync", "train", "scheduler")
+PACKAGES = ("resource", "proxy", "env", "reward", "sync", "train", "scheduler", "app")
 # distributions that are one module in the namespace (rollart-checks): one page, every member shown
 MODULES = ("checks",)
 

@@ -1,4 +1,4 @@
-"""Generate the run-config reference page from the pydantic models of `rollart.scheduler.config`.
+"""Generate the run-config reference page from the pydantic models of `rollart.app.config`.
 
 Run at docs build time by mkdocs-gen-files (so the page can never lag the models); `python
 docs/gen_config_reference.py` prints the page. Each section lists every field with its type, its
@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "packages" / "rollart-scheduler" / "src"))
+sys.path.insert(0, str(ROOT / "packages" / "rollart-app" / "src"))
 
 _CONSTRAINTS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"), ("min_length", "min length"),
                 ("max_length", "max length"))
@@ -41,7 +41,7 @@ def _type_name(annotation: Any) -> str:
         return "one of " + ", ".join(f"`{a}`" for a in typing.get_args(annotation))
     if isinstance(annotation, type):
         return f"`{annotation.__name__}`"
-    text = re.sub(r"\b(typing|rollart\.scheduler\.config)\.", "", repr(annotation))
+    text = re.sub(r"\b(typing|rollart\.app\.config)\.", "", repr(annotation))
     return _cell(f"`{text}`")
 
 
@@ -93,11 +93,11 @@ def _section(path: str, model: type[BaseModel], out: list[str], seen: set[str]) 
 
 def render_config_reference() -> str:
     """The Markdown of the config reference page: every section and field of `RunConfig`."""
-    from rollart.scheduler.config import RunConfig
+    from rollart.app.config import RunConfig
 
     out = ["# Config reference", "",
            "Every key of a run config (`rollart plan` / `rollart run CONFIG`), generated from the pydantic models",
-           "in `rollart.scheduler.config` when the docs are built. Unknown keys are errors; `--set dotted.key=value`",
+           "in `rollart.app.config` when the docs are built. Unknown keys are errors; `--set dotted.key=value`",
            "overrides any of them (list items by index: `rollout.pools.0.devices=2`). Examples: `examples/configs/`.",
            ""]
     _section("", RunConfig, out, set())

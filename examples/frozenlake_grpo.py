@@ -9,6 +9,10 @@ import argparse
 import asyncio
 import tempfile
 
+from rollart.app.config import parse_config
+from rollart.app.task_factory import as_scorer
+from rollart.app.tasks import FROZEN_LAKE_MAP, VOCAB, FrozenLakePrompts, build_demo_tokenizer, frozen_lake_reward
+from rollart.app.trainers import LocalTrainer, LocalUpdater
 from rollart.env.envs.frozen_lake import FrozenLakeEnv
 from rollart.env.manager import EnvManager, EnvManagerConfig
 from rollart.proxy.proxy import LLMProxy
@@ -16,14 +20,10 @@ from rollart.proxy.torch_engine import TorchEngine
 from rollart.proxy.worker import InferenceWorker
 from rollart.scheduler.adapters import ProxyLLMClient, ProxyWeightLoader
 from rollart.scheduler.buffer import SampleBuffer
-from rollart.scheduler.config import parse_config
 from rollart.scheduler.metrics import MetricsWriter
 from rollart.scheduler.pipeline import Pipeline, PipelineParts
 from rollart.scheduler.rollout import RolloutScheduler
 from rollart.scheduler.scoring import ScoringSink
-from rollart.scheduler.task_factory import as_scorer
-from rollart.scheduler.tasks import FROZEN_LAKE_MAP, VOCAB, FrozenLakePrompts, build_demo_tokenizer, frozen_lake_reward
-from rollart.scheduler.trainers import LocalTrainer, LocalUpdater
 from rollart.sync.local import LocalChannel
 from rollart.sync.model_update import ModelUpdateGroup
 from rollart.train import TorchTrainer, TrainerConfig, build_causal_lm, tiny_llama_config

@@ -3,13 +3,17 @@
     python examples/math_calculator.py [--iterations 30]
 
 The policy must learn the tool protocol: call `<calc>` first, then `<answer>` with its result
-(see `rollart.scheduler.tasks` for the tiny model's macro tokens).
+(see `rollart.app.tasks` for the tiny model's macro tokens).
 """
 
 import argparse
 import asyncio
 import tempfile
 
+from rollart.app.config import parse_config
+from rollart.app.task_factory import as_scorer
+from rollart.app.tasks import VOCAB, MathToolPrompts, build_demo_tokenizer, math_reward
+from rollart.app.trainers import LocalTrainer, LocalUpdater
 from rollart.env.envs.math_calc import MathCalcEnv
 from rollart.env.manager import EnvManager, EnvManagerConfig
 from rollart.proxy.proxy import LLMProxy
@@ -17,15 +21,11 @@ from rollart.proxy.torch_engine import TorchEngine
 from rollart.proxy.worker import InferenceWorker
 from rollart.scheduler.adapters import ProxyElasticPool, ProxyLLMClient, ProxyWeightLoader
 from rollart.scheduler.buffer import SampleBuffer
-from rollart.scheduler.config import parse_config
 from rollart.scheduler.metrics import MetricsWriter
 from rollart.scheduler.pipeline import Pipeline, PipelineParts
 from rollart.scheduler.rollout import RolloutScheduler
 from rollart.scheduler.scoring import ScoringSink
-from rollart.scheduler.task_factory import as_scorer
-from rollart.scheduler.tasks import VOCAB, MathToolPrompts, build_demo_tokenizer, math_reward
 from rollart.scheduler.timesharing import CostAwarePolicy, TimeSharingController
-from rollart.scheduler.trainers import LocalTrainer, LocalUpdater
 from rollart.sync.local import LocalChannel
 from rollart.sync.model_update import ModelUpdateGroup
 from rollart.train import TorchTrainer, TrainerConfig, build_causal_lm, tiny_llama_config

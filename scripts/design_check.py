@@ -31,7 +31,7 @@ from expand_annotations import ANNOTATION_RE, process_text  # noqa: E402
 from validation_patterns.library import PatternError, parse_annotation  # noqa: E402
 
 PACKAGES = ("rollart-resource", "rollart-env", "rollart-reward", "rollart-proxy", "rollart-sync",
-            "rollart-train", "rollart-scheduler")
+            "rollart-train", "rollart-scheduler", "rollart-app")
 SECTIONS = (
     "1. Goals and non-goals",
     "2. Requirements",

@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("rollart-checks", "rollart-resource", "rollart-env", "rollart-reward", "rollart-proxy", "rollart-sync",
-            "rollart-train", "rollart-scheduler")
+            "rollart-train", "rollart-scheduler", "rollart-app")
 # Extras too heavy (or GPU-only) to install in the install-alone check; their lines are reported, not run.
 HEAVY_EXTRAS = ("[vllm]", "[megatron]", "[mooncake]")
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)

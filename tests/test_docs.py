@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from rollart.scheduler import config as config_module
+from rollart.app import config as config_module
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("checks", "resource", "env", "reward", "proxy", "sync", "train", "scheduler")
+PACKAGES = ("checks", "resource", "env", "reward", "proxy", "sync", "train", "scheduler", "app")
 # single-module distributions: src/rollart/<name>.py instead of a package folder
 MODULES = {"checks"}
 # design/000-overview.md §2: which rollart distributions each one may depend on
@@ -24,7 +24,8 @@ ALLOWED = {
     "proxy": {"checks", "resource"},
     "sync": {"checks", "resource"},
     "train": {"checks", "resource"},
-    "scheduler": {"checks", "resource", "env", "reward", "proxy", "sync", "train"},
+    "scheduler": {"checks", "resource", "env", "proxy", "train"},
+    "app": {"checks", "resource", "env", "reward", "proxy", "sync", "train", "scheduler"},
 }
 
 

@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = sorted(p.name for p in (ROOT / "packages").iterdir() if (p / "src").is_dir())
 # the command line and the demo it runs are user interfaces: they write to the terminal
-INTERFACES = {"rollart/scheduler/cli.py", "rollart/scheduler/demo.py"}
+INTERFACES = {"rollart/app/cli.py", "rollart/app/demo.py"}
 
 
 def _sources(package: str) -> list[Path]:

@@ -83,8 +83,8 @@ PHASES = ("sync_snapshot_s", "sync_pack_s", "sync_wire_s", "sync_receive_s", "sy
 async def updates(checkpoint: str, variants: list[str], repeats: int, warmup: int) -> dict[str, list[float]]:
     from bench_sync_channels import TcpFloor
 
-    from rollart.scheduler.builder import build_pipeline
-    from rollart.scheduler.config import parse_config
+    from rollart.app.builder import build_pipeline
+    from rollart.app.config import parse_config
 
     pipes = {}
     times: dict[str, list[float]] = {v: [] for v in [*variants, "tcp floor"]}
@@ -121,8 +121,8 @@ async def updates(checkpoint: str, variants: list[str], repeats: int, warmup: in
 
 
 async def iterations(variants: list[str], n: int) -> dict[str, list[float]]:
-    from rollart.scheduler.builder import build_pipeline
-    from rollart.scheduler.config import parse_config
+    from rollart.app.builder import build_pipeline
+    from rollart.app.config import parse_config
 
     out: dict[str, list[float]] = {f"{v} {k}": [] for v in variants for k in ("step", "update")}
     with tempfile.TemporaryDirectory() as d:

@@ -32,8 +32,8 @@ from bench_stats import fmt, ratio_fmt, rounds
 from rich.console import Console
 from rich.table import Table
 
-from rollart.scheduler.builder import build_pipeline
-from rollart.scheduler.config import parse_config
+from rollart.app.builder import build_pipeline
+from rollart.app.config import parse_config
 
 MODES = [("sync", "sync", None), ("one_off", "one_off", None), ("async", "async", None),
          ("time_sharing (cost-aware)", "time_sharing", "cost_aware"),

@@ -19,8 +19,8 @@ import statistics
 import time
 from pathlib import Path
 
-from rollart.scheduler.sim import run_one
-from rollart.scheduler.sim_scenario import parse_scenario
+from rollart.app.sim.runner import run_one
+from rollart.app.sim.scenario import parse_scenario
 
 
 def scenario(gpus: int, envs: int) -> dict:

@@ -65,8 +65,8 @@ class Workload:
 
 
 def demo_workload(n_groups: int, seed: int = 0) -> Workload:
-    from rollart.scheduler.builder import model_config
-    from rollart.scheduler.demo import demo_config
+    from rollart.app.builder import model_config
+    from rollart.app.demo import demo_config
     from rollart.train.models import build_causal_lm
 
     model = build_causal_lm(model_config(demo_config()), seed=0).eval()

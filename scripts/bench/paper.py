@@ -43,8 +43,8 @@ EXPERIMENTS = [
 
 
 def run(names: list[str]) -> dict:
-    from rollart.scheduler.sim import plot_roles, run_scenario
-    from rollart.scheduler.sim_scenario import load_scenario
+    from rollart.app.sim.runner import plot_roles, run_scenario
+    from rollart.app.sim.scenario import load_scenario
 
     cache = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     for name, *_ in EXPERIMENTS:

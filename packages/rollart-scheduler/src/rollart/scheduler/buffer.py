@@ -19,7 +19,7 @@ from rollart import checks as check
 from rollart.scheduler.errors import SchedulerError, SchedulerTimeout
 
 if TYPE_CHECKING:
-    from rollart.scheduler.config import RunConfig
+    from rollart.scheduler.settings import PipelineConfig
 
 BUFFERED = "buffered"
 CONSUMED = "consumed"
@@ -128,7 +128,7 @@ class SampleBuffer:
         self._room: dict[str | None, collections.deque[tuple[int, asyncio.Future[None]]]] = {}  # wait_for_room, FIFO
 
     @classmethod
-    def from_config(cls, config: RunConfig, tasks: Sequence[str] = (), version: int = 0) -> SampleBuffer:
+    def from_config(cls, config: PipelineConfig, tasks: Sequence[str] = (), version: int = 0) -> SampleBuffer:
         """The buffer a run config asks for: its pipeline's alpha and group size (what `Pipeline` checks)."""
         return cls(alpha=config.pipeline.alpha, group_size=config.pipeline.group_size, version=version, tasks=tasks)
 

@@ -24,11 +24,11 @@ from rollart.env.trajectory import Trajectory
 from rollart.scheduler.adapters import trajectories_to_samples
 from rollart.scheduler.buffer import ABORTED, SampleBuffer, oldest_version
 from rollart.scheduler.checkpoint import Checkpointer, config_identity
-from rollart.scheduler.config import RunConfig
 from rollart.scheduler.errors import ConfigError, SchedulerError
 from rollart.scheduler.metrics import MetricsWriter, RoleTimeline, engine_metrics
 from rollart.scheduler.progress import progress_line, status_text
 from rollart.scheduler.rollout import RolloutScheduler
+from rollart.scheduler.settings import PipelineConfig
 from rollart.scheduler.timesharing import SwitchRecord, TimeSharingController
 from rollart.train.batch import build_train_batch
 
@@ -39,7 +39,7 @@ _log = logging.getLogger(__name__)
 
 
 class ModelUpdater(Protocol):
-    """Moves the trainer's new version to the rollout side (rollart.scheduler.trainers)."""
+    """Moves the trainer's new version to the rollout side (rollart.app.trainers)."""
 
     async def model_update(self, trainer: Any, version: int, timeout: float) -> dict[str, float]:
         """Publish and load `version`; returns at least `sync_s` and `sync_bytes`."""
@@ -63,7 +63,7 @@ class Trainer(Protocol):
 
 @dataclass
 class PipelineParts:
-    """Everything the loop drives, built by `rollart.scheduler.builder` or by hand in an example."""
+    """Everything the loop drives, built by `rollart.app.builder` or by hand in an example."""
 
     buffer: SampleBuffer
     rollout: RolloutScheduler
@@ -87,7 +87,7 @@ class PipelineParts:
 class Pipeline:
     """The training loop in one of four modes (D5) over protocol-typed parts."""
 
-    def __init__(self, config: RunConfig, parts: PipelineParts) -> None:
+    def __init__(self, config: PipelineConfig, parts: PipelineParts) -> None:
         """Bind the config's pipeline section to the parts; call `restore()` to resume a run.
 
         The buffer must enforce the config's bound and group size (build it with

@@ -1,0 +1,373 @@
+"""Build a whole pipeline from a RunConfig: model, rollout pools, proxy, trainer, sync, envs, rewards.
+
+Why one builder: `rollart run`, `rollart plan`, the demo, the tests and the benchmarks must run the
+same wiring (design D16). The config names each part; this module only composes:
+
+    model       ModelSpec: the tiny demo model or a Hugging Face checkpoint, built by each part itself
+    pools       one worker per device, engine per pool; in-process (`cluster.ray: none`) or Ray actors
+                placed through rollart.resource on `{GPU: 1, <hardware>: 1}` bundles
+    routing     rollart.proxy's AffinityRouter over `routing.affinity` (tag -> hardware)
+    trainer     in this process (`placement: driver`) or data-parallel Ray actors on their own devices
+    sync        LocalChannel through the proxy, or torch_dist / Mooncake from trainer rank 0 to every actor
+    tasks       env, prompt builder and reward resolved by task_factory (names, plugins, import paths)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rollart.app.config import RunConfig, TaskSection
+from rollart.app.engines import EngineSpec
+from rollart.app.model_source import ModelSpec
+from rollart.app.task_factory import TaskParts, build_task
+from rollart.app.trainers import ActorTrainerGroup, ChannelUpdater, LocalTrainer, LocalUpdater
+from rollart.env.manager import EnvManager, EnvManagerConfig
+from rollart.env.protocols import SamplingParams
+from rollart.env.retry import RetryPolicy
+from rollart.proxy.proxy import LLMProxy
+from rollart.proxy.routing import AffinityRouter
+from rollart.proxy.worker import InferenceWorker
+from rollart.scheduler.adapters import ProxyElasticPool, ProxyLLMClient, ProxyWeightLoader, RoutingLog
+from rollart.scheduler.buffer import SampleBuffer
+from rollart.scheduler.checkpoint import Checkpointer
+from rollart.scheduler.errors import ConfigError
+from rollart.scheduler.metrics import MetricsWriter, RoleTimeline
+from rollart.scheduler.pipeline import Pipeline, PipelineParts
+from rollart.scheduler.rollout import RolloutScheduler
+from rollart.scheduler.scoring import ScoringSink
+from rollart.scheduler.timesharing import AlwaysShrinkPolicy, CostAwarePolicy, TimeSharingController
+from rollart.sync.local import LocalChannel
+from rollart.sync.model_update import ModelUpdateGroup
+from rollart.train.losses import LossConfig
+from rollart.train.torch_trainer import TrainerConfig
+
+log = logging.getLogger(__name__)
+
+
+def model_config(config: RunConfig) -> Any:
+    """The transformers config of the run's model (tiny Llama, or the checkpoint's)."""
+    return ModelSpec.from_config(config).hf_config()
+
+
+def trainer_config(config: RunConfig) -> TrainerConfig:
+    """rollart.train's TrainerConfig from the config's trainer section."""
+    tc = config.trainer
+    return TrainerConfig(lr=tc.lr, micro_batch_size=tc.micro_batch_size, max_grad_norm=tc.max_grad_norm,
+                         loss=LossConfig(clip_eps_low=tc.clip_eps, clip_eps_high=tc.clip_eps, entropy_coef=tc.entropy_coef))
+
+
+def task_keys(config: RunConfig) -> list[str]:
+    """A unique short name per task (the env's name, suffixed when two tasks share an env)."""
+    names = [t.name for t in config.tasks]
+    return [n if names.count(n) == 1 else f"{n}{i}" for i, n in enumerate(names)]
+
+
+def slot_tasks(config: RunConfig) -> list[int]:
+    """Each group slot's task index, proportionally to the task weights (largest remainder)."""
+    p = config.pipeline
+    n_slots = math.ceil(p.batch_size // p.group_size * p.redundancy)
+    total = sum(t.weight for t in config.tasks)
+    out: list[int] = []
+    for i in range(n_slots):
+        deficits = [t.weight / total * (i + 1) - out.count(k) for k, t in enumerate(config.tasks)]
+        out.append(deficits.index(max(deficits)))
+    return out
+
+
+@dataclass
+class Placement:
+    """Which ledger devices each pool and the trainer got (what `rollart plan` prints, what runs)."""
+
+    pools: dict[str, list[int]]
+    trainer: list[int]
+    hardware: dict[int, str] = field(default_factory=dict)
+
+
+def place(config: RunConfig) -> tuple[Any, Placement]:
+    """Allocate every pool's and the trainer's devices in a rollart.resource ledger by hardware type."""
+    from rollart.app.config import required_devices
+    from rollart.resource.manager import ResourceManager
+
+    need = required_devices(config)
+    inventory = dict(config.cluster.devices or need)
+    ids: dict[str, range] = {}
+    start = 0
+    for hw in sorted(inventory):
+        ids[hw] = range(start, start + inventory[hw])
+        start += inventory[hw]
+    ledger = ResourceManager(pool={hw: r for hw, r in ids.items() if len(r)})
+    pools = {p.name: list(ledger.allocate(f"pool:{p.name}", "rollout", p.devices, p.hardware).devices)
+             for p in config.rollout.pools}
+    if config.pipeline.mode == "sync":
+        trainer = [d for devs in pools.values() for d in devs][: config.trainer.devices]
+    else:
+        trainer = list(ledger.allocate("trainer", "train", config.trainer.devices, config.trainer.hardware).devices)
+    hardware = {d: hw for hw, r in ids.items() for d in r}
+    return ledger, Placement(pools, trainer, hardware)
+
+
+def check_cluster_capacity(config: RunConfig, resources: dict[str, float]) -> None:
+    """Refuse, before anything starts, a config that asks an existing cluster for more than it has."""
+    from rollart.app.config import required_devices
+
+    need = required_devices(config)
+    gpus = sum(n for hw, n in need.items() if hw != "CPU")
+    if gpus > resources.get("GPU", 0):
+        raise ConfigError(f"rollout.pools / trainer.devices: the run needs {gpus} GPUs, the Ray cluster has "
+                          f"{int(resources.get('GPU', 0))}")
+    for hw, n in sorted(need.items()):
+        if hw != "CPU" and n > resources.get(hw, 0):
+            raise ConfigError(f"rollout.pools / trainer.hardware: the run needs {n} {hw} devices, the Ray cluster "
+                              f"advertises {int(resources.get(hw, 0))} (start nodes with --resources '{{\"{hw}\": N}}')")
+
+
+async def start_pools(config: RunConfig, model: ModelSpec, placement: Placement, runtime: Any | None) -> list[Any]:
+    """Every pool's workers in config order (rank order of the proxy): Ray actors or in-process workers."""
+    from rollart.app.ray_workers import start_rollout_actors
+
+    workers: list[Any] = []
+    for pool in config.rollout.pools:
+        spec = EngineSpec(pool.engine, model, pool.hardware, pool.max_num_seqs, dict(pool.engine_args))
+        devices = placement.pools[pool.name]
+        if runtime is not None and pool.engine != "sim":
+            workers += await start_rollout_actors(runtime, pool.name, spec, devices)
+            continue
+        for rank, device in enumerate(devices):
+            w = InferenceWorker(f"{pool.name}-{rank}", spec.build, hardware=pool.hardware, devices=(device,))
+            await w.start()
+            workers.append(w)
+    return workers
+
+
+async def start_trainer(config: RunConfig, model: ModelSpec, placement: Placement, runtime: Any | None) -> Any:
+    """The trainer in this process, or data-parallel actors (their world is joined by `connect_world`)."""
+    from rollart.app.actors import build_trainer
+    from rollart.app.ray_workers import start_trainer_actors
+
+    tc = config.trainer
+    if tc.backend == "sim":  # a cost model (design D22): n_params from the model shape, peak from the catalogue
+        from rollart.app.sim.parts import ElasticSimTrainer
+        from rollart.resource.hardware import BUILTIN_HARDWARE
+
+        devices = len(placement.trainer) if config.pipeline.mode == "sync" else tc.devices
+        return LocalTrainer(ElasticSimTrainer(model.sim_spec().n_params, BUILTIN_HARDWARE[tc.hardware], devices,
+                                              lr=tc.lr))
+    if tc.placement == "driver":
+        from rollart.app.actors import release_megatron_parallel_state
+
+        return LocalTrainer(build_trainer(model, tc.backend, trainer_config(config)),
+                            on_close=release_megatron_parallel_state if tc.backend == "megatron" else None)
+    handles = await start_trainer_actors(runtime, model, tc.backend, trainer_config(config), tc.hardware, placement.trainer)
+    return ActorTrainerGroup(runtime, handles, timeout_s=config.pipeline.update_timeout_s * 10)
+
+
+async def connect_world(config: RunConfig, trainer: ActorTrainerGroup, rollout: list[Any]) -> list[Any]:
+    """Join trainer replicas and rollout actors in one torch.distributed world; open the channel.
+
+    Returns closers (Mooncake services). Ranks: trainer replicas first (rank 0 publishes), then
+    every rollout actor; groups: data-parallel (trainer ranks) and update (rank 0 + rollout).
+    """
+    from rollart.app.actors import WorldSpec
+
+    closers: list[Any] = []
+    mooncake = None
+    if config.sync.channel == "mooncake":
+        from rollart.sync.mooncake import mooncake_unavailable_reason
+        from rollart.sync.mooncake_services import MooncakeServices
+
+        reason = mooncake_unavailable_reason()
+        if reason is not None:
+            raise ConfigError(f"sync.channel: 'mooncake' is unavailable here: {reason}")
+        services = MooncakeServices()
+        mooncake = await services.start()
+        closers.append(services.stop)
+    n_train = len(trainer.handles)
+    init = await trainer.call(0, "rendezvous")
+    world = WorldSpec(init_method=init, world_size=n_train + len(rollout), trainer_ranks=tuple(range(n_train)),
+                      rollout_ranks=tuple(range(n_train, n_train + len(rollout))), backend="gloo",
+                      channel=config.sync.channel, keep_last=config.sync.keep_last,
+                      bucket_bytes=int(config.sync.bucket_mb * (1 << 20)), mooncake=mooncake,
+                      timeout_s=config.pipeline.update_timeout_s * 2, megatron=config.trainer.backend == "megatron")
+    await asyncio.gather(*(trainer.call(r, "join", world, r) for r in range(n_train)),
+                         *(w.call("join", world, n_train + i) for i, w in enumerate(rollout)))
+    return closers
+
+
+class _SystemPrompt:
+    """A prompt builder whose first prompt uses the task's system prompt instead of the env's."""
+
+    def __init__(self, inner: Any, system_prompt: str) -> None:
+        self.inner, self.system_prompt = inner, system_prompt
+
+    def initial_ids(self, system_prompt: str, observation: str) -> list[int]:
+        return self.inner.initial_ids(self.system_prompt, observation)
+
+    def continuation_ids(self, previous_response_ids: list[int], observation: str) -> list[int]:
+        return self.inner.continuation_ids(previous_response_ids, observation)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.inner.decode(token_ids)
+
+
+def with_system_prompt(builder: Any, system_prompt: str) -> Any:
+    """`builder`, or a wrapper that renders `tasks[i].system_prompt` when the task sets one."""
+    return _SystemPrompt(builder, system_prompt) if system_prompt else builder
+
+
+def build_envs(config: RunConfig, parts: list[TaskParts], proxy: LLMProxy, sinks: list[Any],
+               routing_log: RoutingLog | None = None) -> tuple[list[list[EnvManager]], list[str]]:
+    """Group slots of EnvManagers (one env each), each slot one task, its managers tagged for routing."""
+    pcfg = config.pipeline
+    keys = task_keys(config)
+    slots, names = [], []
+    for i, index in enumerate(slot_tasks(config)):
+        task: TaskSection = config.tasks[index]
+        tp = parts[index]
+        llm_timeout = task.llm_timeout_s or pcfg.get_batch_timeout_s
+        ecfg = EnvManagerConfig(max_turns=task.max_turns, max_tokens_per_turn=task.max_tokens,
+                                max_total_tokens=task.max_total_tokens, max_context_tokens=task.max_context_tokens,
+                                sampling=SamplingParams(temperature=task.temperature),
+                                reset_policy=RetryPolicy(timeout_s=task.env_timeout_s),
+                                step_policy=RetryPolicy(timeout_s=task.env_timeout_s),
+                                llm_policy=RetryPolicy(timeout_s=llm_timeout), seed=config.run.seed + i)
+        wrap = tp.llm_wrapper or (lambda client: client)
+        slots.append([EnvManager(tp.env_factory, wrap(ProxyLLMClient(proxy, timeout_s=llm_timeout,
+                                                     on_response=routing_log.record if routing_log else None)),
+                                 with_system_prompt(tp.prompts_factory(), task.system_prompt), sinks[index], ecfg,
+                                 name=f"{keys[index]}-{i}-{j}", tag=task.tag)
+                      for j in range(pcfg.group_size)])
+        names.append(keys[index])
+    return slots, names
+
+
+async def collect_engine_stats(workers: list[Any]) -> dict[str, float]:
+    """The rollout engines' cumulative counters (rollart-proxy `TorchEngine.stats`), summed over workers.
+
+    Engines without counters (vLLM, SimEngine) add nothing; the metrics then read zero."""
+    total: dict[str, float] = {}
+    for w in workers:
+        if isinstance(w, InferenceWorker):
+            stats = getattr(w.engine, "stats", None)
+            snap = dataclasses.asdict(stats()) if callable(stats) else {}  # SimEngine's `stats` is a plain dict
+        else:
+            snap = await w.engine_stats() if hasattr(w, "engine_stats") else {}
+        for key, value in snap.items():
+            total[key] = total.get(key, 0.0) + value
+    return total
+
+
+async def _abandon(closers: list[Any]) -> None:
+    """Run every closer of a half-built pipeline, each one whatever the others did."""
+    for close in closers:
+        try:
+            result = close()
+            if inspect.isawaitable(result):
+                await result
+        except Exception:  # noqa: BLE001 - the build's own error is the one to report
+            log.warning("closing a half-built pipeline: %r failed", close, exc_info=True)
+
+
+async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | None = None,
+                         tensorboard: bool | None = None, base_dir: Path | None = None) -> Pipeline:
+    """Wire every part for `config`; `workers` (WorkerHandles) replace the configured pools if given.
+
+    Nothing is started before every name is resolved (tasks, rewards, engines), so a bad config
+    fails with a ConfigError naming the field before any actor exists.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    model = ModelSpec.from_config(config)
+    tokenizer = model.tokenizer()
+    parts = [build_task(t, i, config, tokenizer, base_dir) for i, t in enumerate(config.tasks)]
+    closers: list[Any] = []
+    for tp in parts:
+        closers += tp.closers
+    runtime = None
+    if config.cluster.uses_ray:
+        import ray
+
+        from rollart.resource.runtime import RayRuntime
+
+        check_cluster_capacity(config, ray.cluster_resources())
+        runtime = RayRuntime()
+    ledger, placement = place(config)
+    closers.append(ledger.close)
+    trainer = None
+    try:
+        if workers is None:
+            workers = await start_pools(config, model, placement, runtime)
+        trainer = await start_trainer(config, model, placement, runtime)
+    except BaseException:
+        for w in workers or []:
+            await w.stop()
+        raise
+    proxy = LLMProxy(workers, router=AffinityRouter(config.routing.affinity),
+                     max_inflight_per_worker=config.time_sharing.slots_per_device)
+    try:
+        if config.sync.channel == "local":
+            updater: Any = LocalUpdater(ModelUpdateGroup(LocalChannel(), [ProxyWeightLoader(proxy)],
+                                                         timeout=config.pipeline.update_timeout_s))
+        elif config.sync.channel == "sim":  # bytes / the trainer NIC + per-bucket latency (design D22)
+            from rollart.resource.hardware import BUILTIN_HARDWARE
+            from rollart.sync.sim import SimChannel
+
+            weight_bytes = trainer.inner.weight_bytes
+            channel = SimChannel(weight_bytes, BUILTIN_HARDWARE[config.trainer.hardware].network_gbps,
+                                 bucket_bytes=int(config.sync.bucket_mb * (1 << 20)), keep_last=config.sync.keep_last)
+            updater = LocalUpdater(ModelUpdateGroup(channel, [ProxyWeightLoader(proxy)],
+                                                    timeout=config.pipeline.update_timeout_s), nbytes=weight_bytes)
+        else:
+            closers += await connect_world(config, trainer, workers)
+            updater = ChannelUpdater(trainer, workers, proxy, config.sync.channel)
+        pcfg = config.pipeline
+        keys = task_keys(config)
+        balanced = sorted(set(keys)) if pcfg.balance_tasks and len(set(keys)) > 1 else []
+        buffer = SampleBuffer.from_config(config, tasks=balanced)
+        # a service reward has its own deadline; the sink's is a little longer so the client's error names it
+        sinks = [ScoringSink(buffer, tp.scorer, deadline_s=getattr(t.reward, "deadline_s", 55.0) + 5.0)
+                 for t, tp in zip(config.tasks, parts)]
+        routing_log = RoutingLog({w.worker_id: w.hardware for w in workers})
+        slots, names = build_envs(config, parts, proxy, sinks, routing_log)
+        rollout = RolloutScheduler(slots, names, buffer, proxy, carry_over=pcfg.mode != "one_off", seed=config.run.seed,
+                                   lockstep=pcfg.env_interaction == "batch", once_per_launch=pcfg.mode == "sync")
+        rollout_devices = [d for w in workers for d in w.devices]
+        train_devices = list(placement.trainer)
+        loop = asyncio.get_running_loop()
+        timeline = RoleTimeline(run_dir / "timeline.jsonl", sorted(set(rollout_devices) | set(train_devices)), clock=loop.time)
+        controller = None
+        if pcfg.mode == "time_sharing":
+            ts = config.time_sharing
+            policy = (CostAwarePolicy(min_keep=ts.min_keep, margin=ts.margin, prior_switch_cost_s=ts.prior_switch_cost_s)
+                      if ts.policy == "cost_aware" else AlwaysShrinkPolicy(lend=ts.lend))
+            on_role = timeline.set_role
+            elastic = getattr(getattr(trainer, "inner", None), "on_role", None)
+            if elastic is not None:  # a simulated trainer trains on the devices lent to it
+
+                def on_role(devices: list[int], role: str) -> None:
+                    timeline.set_role(devices, role)
+                    elastic(devices, role)
+            controller = TimeSharingController(ProxyElasticPool(proxy, ledger=ledger if runtime is not None else None), policy,
+                                               train_devices=config.trainer.devices, slots_per_device=ts.slots_per_device,
+                                               on_role=on_role)
+        use_tb = config.run.tensorboard if tensorboard is None else tensorboard
+        pipeline_parts = PipelineParts(buffer=buffer, rollout=rollout, trainer=trainer, updater=updater,
+                                       rollout_devices=rollout_devices, train_devices=train_devices, controller=controller,
+                                       timeline=timeline, metrics=MetricsWriter(run_dir, tensorboard=use_tb),
+                                       checkpointer=Checkpointer(run_dir / "checkpoints"),
+                                       pad_token_id=model.pad_token_id(tokenizer),
+                                       closers=[*(s.aclose for s in sinks), proxy.close, trainer.close, *closers],
+                                       proxy=proxy, workers=list(workers), placement=placement, routing_log=routing_log,
+                                       engine_stats=lambda: collect_engine_stats(workers))
+    except BaseException:
+        # nothing lost on failure: a part that fails to build (a user env that breaks its protocol, a world
+        # that cannot form) must not leave actors, placement groups or services behind for the next run
+        await _abandon([proxy.close, trainer.close, *closers])
+        raise
+    return Pipeline(config, pipeline_parts)

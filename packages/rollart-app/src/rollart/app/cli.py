@@ -1,0 +1,247 @@
+"""The `rollart` command: `run`, `plan`, `sim`, `timeline`, `reward serve`, `--version`.
+
+Why typer + rich: typed options with help for free, and a live line that shows what an operator
+watches in an RL run (trajectories done, tokens/s, reward, weight version, what each GPU does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import os
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rollart import checks as check
+from rollart.app.config import RunConfig
+from rollart.app.overrides import load_config_with
+from rollart.scheduler.checkpoint import ConfigChangedError
+from rollart.scheduler.errors import ConfigError, SchedulerError
+from rollart.scheduler.timeline import plot_timeline
+
+app = typer.Typer(add_completion=False, help="RollArt: agentic RL on disaggregated hardware.")
+reward_app = typer.Typer(add_completion=False, help="Reward-as-a-Service.")
+app.add_typer(reward_app, name="reward")
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+SET_HELP = "override a config field: dotted.key=value (YAML value; list items by index), repeatable"
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"rollart {version('rollart-app')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="print the version and exit"),
+) -> None:
+    """RollArt: agentic RL on disaggregated hardware."""
+
+
+def init_ray(config: RunConfig) -> bool:
+    """Connect to Ray as `cluster.ray` says: none, a local cluster on 127.0.0.1, or an existing address.
+
+    A local cluster gets one logical GPU per configured device and one custom resource per hardware
+    type (`{"H800": 2, "H20": 2}`), so placement by hardware is real; an existing cluster is only
+    joined (and left running when the run ends).
+    """
+    if not config.cluster.uses_ray:
+        return False
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    from rollart.app.config import required_devices
+
+    if ray.is_initialized():
+        return True
+    if config.cluster.is_local:
+        inventory = dict(config.cluster.devices or required_devices(config))
+        gpus = sum(n for hw, n in inventory.items() if hw != "CPU")
+        ray.init(num_gpus=gpus, resources={hw: float(n) for hw, n in inventory.items() if hw != "CPU"},
+                 _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
+    else:
+        try:
+            ray.init(address=config.cluster.ray, log_to_driver=False)
+        except ConnectionError as err:
+            cause = f": {err.__cause__}" if err.__cause__ else ""
+            hint = ("; the cluster uses token authentication: set RAY_AUTH_MODE=token (the token comes from "
+                    "RAY_AUTH_TOKEN or ~/.ray/auth_token)") if "auth" in str(err.__cause__).lower() else ""
+            raise ConfigError(f"cluster.ray: cannot connect to {config.cluster.ray!r}{cause.splitlines()[0] if cause else ''}"
+                              f"{hint}") from None
+    return True
+
+
+def default_run_dir(config: RunConfig) -> Path:
+    """`runs/<name>-<timestamp>` unless the config names one."""
+    if config.run.run_dir:
+        return Path(config.run.run_dir)
+    return Path("runs") / f"{config.run.name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+async def run_pipeline(config: RunConfig, run_dir: Path, iterations: int, console: Console | None = None,
+                       resume: bool = True, base_dir: Path | None = None,
+                       allow_config_change: bool = False) -> list[dict[str, Any]]:
+    """Build, (resume,) run with the pipeline's progress line, draw the timeline; return the records."""
+    from rollart.app.builder import build_pipeline
+
+    console = console or Console()
+    pipe = await build_pipeline(config, run_dir, base_dir=base_dir)
+    records: list[dict[str, Any]] = []
+    try:
+        if resume and await pipe.restore(allow_config_change=allow_config_change):
+            console.print(f"resumed from checkpoint at iteration {pipe.iteration} (version {pipe.parts.trainer.version})")
+        await pipe.run(iterations, on_iteration=records.append, progress=console)
+    finally:
+        await pipe.close()
+    try:
+        png = plot_timeline(run_dir, run_dir / "timeline.png")
+        console.print(f"timeline: {png}")
+    except SchedulerError as err:
+        console.print(f"no timeline: {err}")
+    console.print(f"metrics: {run_dir / 'metrics.jsonl'}")
+    return records
+
+
+@app.command()
+def run(
+    config: Path = typer.Argument(..., help="YAML run config"),
+    run_dir: Path | None = typer.Option(None, "--run-dir", help="default: runs/<name>-<timestamp>"),
+    iterations: int | None = typer.Option(None, "--iterations", "-n", help="override run.iterations"),
+    sets: list[str] = typer.Option([], "--set", help=SET_HELP),
+    allow_config_change: bool = typer.Option(False, "--allow-config-change",
+                                             help="resume a run dir whose checkpoint was written under another config"),
+) -> None:
+    """`rollart run CONFIG`: build the pipeline from YAML and run it with a rich progress display."""
+    try:
+        cfg = load_config_with(config, sets)
+        count = cfg.run.iterations if iterations is None else iterations
+        # VAL: VAL_INT_RANGE(count, min=1, max=10_000_000, name="--iterations", exc=ConfigError)
+        check.int_range("--iterations", count, min=1, max=10_000_000, exc=ConfigError)  # generated #0924402678
+    except ConfigError as err:  # before anything starts: one line, exit 2
+        typer.echo(str(err), err=True)
+        raise typer.Exit(code=2) from None
+    out = Path(run_dir) if run_dir else default_run_dir(cfg)
+    try:
+        init_ray(cfg)
+        asyncio.run(run_pipeline(cfg, out, count, base_dir=Path(config).parent,
+                                 allow_config_change=allow_config_change))
+    except (ConfigError, ConfigChangedError) as err:  # found before a step ran: a name, a capacity, a resume
+        typer.echo(str(err), err=True)
+        raise typer.Exit(code=2) from None
+
+
+@app.command()
+def timeline(
+    run_dir: Path = typer.Argument(..., help="a run directory written by `rollart run`"),
+    out: Path = typer.Option(Path("timeline.png"), "-o", "--out", help="the PNG to write"),
+) -> None:
+    """`rollart timeline RUN_DIR -o timeline.png`."""
+    try:
+        path = plot_timeline(run_dir, out)
+    except SchedulerError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(code=2) from None
+    typer.echo(str(path))
+
+
+@app.command()
+def plan(
+    config: Path = typer.Argument(..., help="YAML run config"),
+    sets: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """`rollart plan CONFIG`: validate, resolve every name and print the placement and memory estimate; starts nothing."""
+    from rollart.app.plan import make_plan, render_plan
+
+    try:
+        cfg = load_config_with(config, sets)
+        laid_out = make_plan(cfg, base_dir=Path(config).resolve().parent)
+    except ConfigError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(code=2) from None
+    render_plan(laid_out, Console(width=160))
+
+
+@app.command()
+def sim(
+    scenario: Path = typer.Argument(..., help="scenario YAML: a run config, a workload and the runs to compare"),
+    as_json: bool = typer.Option(False, "--json", help="print the results as JSON instead of a table"),
+    timeline_png: Path | None = typer.Option(None, "--timeline", help="write the device-role timeline of every run to this PNG"),
+    only: list[str] = typer.Option([], "--run", help="run only these runs of the scenario (repeatable)"),
+    seed: int | None = typer.Option(None, "--seed", min=0, help="run with this seed instead of the scenario's (repeat with others to see the spread)"),
+) -> None:
+    """`rollart sim SCENARIO.yaml`: the real pipeline with simulated engines, trainer and sync, in virtual time."""
+    import json
+
+    from rollart.app.sim.runner import plot_roles, render, run_scenario
+    from rollart.app.sim.scenario import load_scenario
+
+    try:
+        spec = load_scenario(scenario)
+    except ConfigError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(code=2) from None
+    if seed is not None:  # a result is deterministic per seed; its spread across seeds is what a reader compares
+        spec = spec.model_copy(update={"seed": seed})
+    runs = [r for r in spec.runs if not only or r.name in only]
+    console = Console(stderr=as_json)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[status]}"), console=console, transient=as_json) as progress:
+        task = progress.add_task(spec.name, total=len(runs) * spec.iterations, status="")
+
+        def on_iteration(name: str, rec: dict[str, Any]) -> None:
+            progress.update(task, advance=1, status=f"{name}: iteration {rec['iteration']} at {rec['t_end']:.0f} virtual s")
+
+        results = run_scenario(spec, on_iteration, only=[r.name for r in runs])
+    if as_json:
+        typer.echo(json.dumps({"scenario": spec.name, "paper": spec.paper, "runs": [r.row() for r in results]}, indent=1))
+    else:
+        render(spec, results, console)
+    if timeline_png is not None:
+        path = plot_roles(results, timeline_png, title=spec.name)
+        console.print(f"timeline: {path}")
+
+
+@reward_app.command("serve")
+def reward_serve(
+    spec: str = typer.Argument(..., help="the reward: package.module:function or path/to/file.py:function"),
+    name: str | None = typer.Option(None, "--name", help="the reward's name at /v1/score (default: the function name)"),
+    host: str | None = typer.Option(None, "--host", help="bind address (default 127.0.0.1; anything else only when given here)"),
+    port: int = typer.Option(8000, "--port", help="TCP port"),
+    token_env: str = typer.Option("ROLLART_REWARD_TOKEN", "--token-env", help="environment variable holding the bearer token"),
+    workers: int = typer.Option(1, "--workers", help="uvicorn worker processes"),
+    cache_path: Path | None = typer.Option(None, "--cache-path", help="result cache (default: a fresh file in a temp dir)"),
+) -> None:
+    """`rollart reward serve module:function`: serve one reward function over HTTP (a plain trajectory -> float works)."""
+    import tempfile
+
+    from rollart.reward.errors import RewardError
+    from rollart.reward.function_service import load_reward, serve_function
+
+    token = os.environ.get(token_env, "")
+    if len(token) < 8:
+        typer.echo(f"--token-env: set {token_env} to a bearer token of at least 8 characters (clients send it)", err=True)
+        raise typer.Exit(code=2)
+    bind = host or "127.0.0.1"
+    if host is not None and host not in LOOPBACK_HOSTS:
+        typer.echo(f"warning: binding {host}: the reward service is reachable from other machines", err=True)
+    reward_name = name or spec.rpartition(":")[2]
+    try:
+        load_reward(spec, reward_name)
+    except RewardError as err:
+        typer.echo(f"SPEC: {err}", err=True)
+        raise typer.Exit(code=2) from None
+    cache = cache_path or Path(tempfile.mkdtemp(prefix="rollart-reward-")) / "cache.sqlite"
+    typer.echo(f"serving reward {reward_name!r} from {spec} on http://{bind}:{port} (POST /v1/score)", err=True)
+    serve_function(spec, reward_name, token, host=bind, port=port, workers=workers, cache_path=str(cache))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

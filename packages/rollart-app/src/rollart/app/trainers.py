@@ -1,0 +1,186 @@
+"""The trainer as the pipeline drives it, and the weight update that follows each step (design D17).
+
+Two placements behind one async protocol: `LocalTrainer` runs the torch trainer in this process (a
+thread, so the event loop keeps serving rollouts); `ActorTrainerGroup` drives data-parallel trainer
+actors on their own devices, sending each replica its shard of the batch and getting metrics back.
+Two updaters: `LocalUpdater` moves the named tensors through rollart.sync's `LocalChannel` and the
+proxy (the embedded default); `ChannelUpdater` has the trainer's rank 0 publish into a torch_dist or
+Mooncake channel while every rollout actor receives, then tells the proxy to load the version each
+actor already holds, so no state dict passes through the driver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rollart import checks as check
+from rollart.app.actors import ChannelWeights
+from rollart.scheduler.errors import SchedulerError
+from rollart.train.batch import TrainBatch
+
+
+def split_batch(batch: TrainBatch, parts: int) -> list[TrainBatch]:
+    """Contiguous, near-equal shards of the sequences, one per data-parallel replica."""
+    # VAL: VAL_INT_RANGE(parts, min=1, max=max(1, batch.num_sequences), exc=SchedulerError)
+    check.int_range("parts", parts, min=1, max=max(1, batch.num_sequences), exc=SchedulerError)  # generated #4698fcbccb
+    n = batch.num_sequences
+    size = math.ceil(n / parts)
+    return [batch.select(slice(i * size, min(n, (i + 1) * size))) for i in range(parts)]
+
+
+class LocalTrainer:
+    """The trainer in the driver process; steps run in a thread."""
+
+    def __init__(self, trainer: Any, on_close: Callable[[], None] | None = None) -> None:
+        """Wrap a TorchTrainer (or MegatronTrainer); `on_close` releases what building it took (megatron's
+        parallel state and the one-rank world under it)."""
+        self.inner = trainer
+        self._on_close = on_close
+
+    @property
+    def version(self) -> int:
+        """Optimizer steps taken."""
+        return self.inner.version
+
+    async def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One step in a worker thread; a simulated trainer waits its modelled time on the loop's clock."""
+        step_async = getattr(self.inner, "train_step_async", None)
+        if step_async is not None:
+            return await step_async(batch)
+        return await asyncio.to_thread(self.inner.train_step, batch)
+
+    async def named_tensors(self) -> dict[str, Any]:
+        """The weights, for the local channel."""
+        return self.inner.named_tensors()
+
+    async def save_checkpoint(self, path: str) -> None:
+        """Write a checkpoint."""
+        await asyncio.to_thread(self.inner.save_checkpoint, path)
+
+    async def load_checkpoint(self, path: str) -> None:
+        """Restore from a checkpoint."""
+        await asyncio.to_thread(self.inner.load_checkpoint, path)
+
+    async def close(self) -> None:
+        """Release what building the trainer took, if anything."""
+        if self._on_close is not None:
+            self._on_close()
+            self._on_close = None
+
+
+class ActorTrainerGroup:
+    """Data-parallel trainer actors: shard, step together, report rank 0's metrics."""
+
+    def __init__(self, runtime: Any, handles: Sequence[Any], timeout_s: float = 600.0) -> None:
+        """`handles` are spawned TrainerActors in rank order (rank 0 publishes)."""
+        # VAL: VAL_NON_EMPTY(handles, exc=SchedulerError)
+        check.non_empty("handles", handles, exc=SchedulerError)  # generated #2b1103e29d
+        # VAL: VAL_TIMEOUT(timeout_s, exc=SchedulerError)
+        check.timeout("timeout_s", timeout_s, exc=SchedulerError)  # generated #4c6d4a16bf
+        self.runtime = runtime
+        self.handles = list(handles)
+        self.timeout_s = timeout_s
+        self._version = 0
+
+    async def call(self, rank: int, method: str, *args: Any) -> Any:
+        """Call one replica with the group's deadline."""
+        return await asyncio.wait_for(self.runtime.call(self.handles[rank], method, args, {}), self.timeout_s)
+
+    async def call_all(self, method: str, *args: Any) -> list[Any]:
+        """Call every replica with the same arguments."""
+        return await asyncio.gather(*(self.call(r, method, *args) for r in range(len(self.handles))))
+
+    @property
+    def version(self) -> int:
+        """Optimizer steps taken (as reported by the last step)."""
+        return self._version
+
+    async def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """Each replica steps on its shard; gradients are summed inside the group."""
+        shards = split_batch(batch, len(self.handles))
+        results = await asyncio.gather(*(self.call(r, "train_step", s) for r, s in enumerate(shards)))
+        self._version = int(results[0]["version"])
+        return results[0]
+
+    async def publish(self, version: int, timeout: float) -> dict[str, float]:
+        """Rank 0 publishes `version` into its channel; returns bytes and phase seconds."""
+        return await self.call(0, "publish", version, timeout)
+
+    async def named_tensors(self) -> dict[str, Any]:
+        """Rank 0's weights through Ray (only for `sync.channel: local`)."""
+        return await self.call(0, "named_tensors")
+
+    async def checksums(self) -> list[dict[str, str]]:
+        """Per-tensor checksums of every replica (they must agree)."""
+        return await self.call_all("checksums")
+
+    async def save_checkpoint(self, path: str) -> None:
+        """Rank 0 writes (replicas hold identical weights)."""
+        await self.call(0, "save_checkpoint", str(path))
+
+    async def load_checkpoint(self, path: str) -> None:
+        """Every replica restores."""
+        await self.call_all("load_checkpoint", str(path))
+        self._version = int(await self.call(0, "version"))
+
+    async def close(self) -> None:
+        """Stop the replicas and remove their actors."""
+        for h in self.handles:
+            try:
+                await asyncio.wait_for(self.runtime.call(h, "stop", (), {}), 30)
+            except Exception:  # noqa: BLE001 - closing goes on
+                pass
+            await self.runtime.remove(h)
+
+
+class LocalUpdater:
+    """sync's ModelUpdateGroup over LocalChannel and the proxy: the embedded default."""
+
+    def __init__(self, group: Any, nbytes: float | None = None) -> None:
+        """`group` is a rollart.sync ModelUpdateGroup; `nbytes` reports a simulated channel's modelled bytes."""
+        self.group = group
+        self.nbytes = nbytes
+
+    async def model_update(self, trainer: Any, version: int, timeout: float) -> dict[str, float]:
+        """Publish the trainer's tensors and load them on every active worker."""
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        named = await trainer.named_tensors()
+        await self.group.model_update(named, version, timeout=timeout)
+        nbytes = self.nbytes if self.nbytes is not None else sum(t.numel() * t.element_size() for t in named.values())
+        return {"sync_s": loop.time() - t0, "sync_bytes": float(nbytes)}
+
+
+class ChannelUpdater:
+    """Trainer rank 0 publishes; every rollout actor receives; the proxy loads what each holds."""
+
+    def __init__(self, trainer: ActorTrainerGroup, rollout: Sequence[Any], proxy: Any, channel: str) -> None:
+        """`rollout` are the RayWorkerHandles of every rollout actor (active or not)."""
+        # VAL: VAL_ONE_OF(channel, choices=("torch_dist", "mooncake"), exc=SchedulerError)
+        check.one_of("channel", channel, ("torch_dist", "mooncake"), exc=SchedulerError)  # generated #76e2ebac62
+        self.trainer = trainer
+        self.rollout = list(rollout)
+        self.proxy = proxy
+        self.channel = channel
+
+    async def model_update(self, trainer: Any, version: int, timeout: float) -> dict[str, float]:
+        """One update end to end; `sync_s` covers publish, transfer, verification and load."""
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        receives = [h.call("receive", version, timeout) for h in self.rollout]
+        if self.channel == "torch_dist":  # a collective: every rank at once
+            published, *received = await asyncio.wait_for(
+                asyncio.gather(self.trainer.publish(version, timeout), *receives), timeout)
+        else:  # a store: put, then every actor gets
+            published = await self.trainer.publish(version, timeout)
+            received = await asyncio.wait_for(asyncio.gather(*receives), timeout)
+        t1 = loop.time()
+        await self.proxy.update_weights(ChannelWeights(version), version)
+        t2 = loop.time()
+        return {"sync_s": t2 - t0, "sync_bytes": published["bytes"],
+                "sync_snapshot_s": published["snapshot_s"], "sync_pack_s": published["pack_s"],
+                "sync_wire_s": published["wire_s"], "sync_receive_s": max(r["receive_s"] for r in received),
+                "sync_transfer_s": t1 - t0, "sync_load_s": t2 - t1}
