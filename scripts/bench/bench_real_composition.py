@@ -19,7 +19,7 @@ and receives the third into fresh memory, so only from the fourth update on does
 reuse buffers, as every update of a long run does; the first (cold) update of each composition is
 printed on its own line. The `vs floor` column is the median of per-round ratios (floor and
 update of the same round), with its spread. A second table breaks the update into its phases
-(scheduler D40: medians over the counted rounds). A second table runs whole iterations (rollout + train + update) of the tiny model in both
+(rollart-app D40: medians over the counted rounds). A second table runs whole iterations (rollout + train + update) of the tiny model in both
 compositions and reports the median step time and its spread.
 """
 
@@ -177,7 +177,7 @@ def main() -> None:
         print(f"| {'floor (raw TCP)' if v == 'tcp floor' else v} | {spread(xs)} | {gbps:.2f} | "
               f"{spread([f / x for f, x in zip(up['tcp floor'], xs)])} |")
     print("first (cold) update: " + ", ".join(f"{v} {up[f'{v} cold'][0]:.3f} s" for v in variants))
-    print("\nphases of the update, s, median [min-max] (scheduler D40; receive starts with the publish)")
+    print("\nphases of the update, s, median [min-max] (rollart-app D40; receive starts with the publish)")
     print("| composition | " + " | ".join(k.removeprefix("sync_").removesuffix("_s") for k in PHASES) + " |")
     print("|---|" + "---|" * len(PHASES))
     for v in variants:

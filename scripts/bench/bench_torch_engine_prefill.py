@@ -4,7 +4,7 @@ Two multi-turn workloads, driven straight into one engine (no worker, no proxy: 
 engine), greedy so every variant must produce the same tokens (checked: a run whose outputs differ
 from the baseline's, or that does not finish every turn, aborts the benchmark):
 
-  demo     the demo's model (rollart.scheduler demo config: vocab 42, 2 layers, hidden 64, 128
+  demo     the demo's model (rollart.app demo config: vocab 42, 2 layers, hidden 64, 128
            positions) and the demo's request shape: groups of 8 trajectories sharing a 2-token first
            prompt, 4-8 turns, 2 generated tokens and a 1-3 token observation per turn, at most 16
            requests in the engine (the demo's slots per device)

@@ -2,7 +2,7 @@
 
 Every scenario runs the real builder and Pipeline in virtual time with the simulated parts (SimEngine
 workers behind the real LLMProxy, SimTrainer, SimChannel, synthetic envs); cost constants come from
-the hardware catalogue and the formulas of design/rollart-scheduler.md D22, never tuned per scenario.
+the hardware catalogue and the formulas of design/rollart-app.md D22, never tuned per scenario.
 
     python scripts/bench/paper.py                       # all scenarios (~20-40 min on 2 busy cores)
     python scripts/bench/paper.py --only fig10_modes    # one

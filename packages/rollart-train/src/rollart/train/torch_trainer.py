@@ -262,7 +262,7 @@ class TorchTrainer:
 
         Copies, because a publisher may still serialize them while the next step runs; a caller that
         snapshots them itself before the next step (a weight channel's pack does) passes
-        `copy=False` and saves a copy into fresh memory per update (scheduler D40). A tensor
+        `copy=False` and saves a copy into fresh memory per update (rollart-app D40). A tensor
         shared under two names (tied embeddings: `lm_head.weight` aliases
         `model.embed_tokens.weight`) is exported once, under its first name, so the key set
         equals `named_parameters()` plus persistent buffers, the names an engine loads by.
