@@ -102,7 +102,10 @@ def server_factory(tmp_path):
 
 @pytest.fixture(scope="module")
 def shared_server(tmp_path_factory):
-    """One server for a module's tests: 2 workers, a 64 KiB body limit and at most 50 items."""
-    srv = ServerProcess(tmp_path_factory.mktemp("svc"), workers=2, max_body_bytes=64 * 1024, max_items=50).start()
+    """One server for a module's tests: 2 workers, a 64 KiB body limit, at most 50 items, and a 2 s item
+    deadline, so that a request the fuzzer sends for a `hang` reward ends in 3 s, far inside the client's
+    timeout, however loaded the machine (issue 26)."""
+    srv = ServerProcess(tmp_path_factory.mktemp("svc"), workers=2, max_body_bytes=64 * 1024, max_items=50,
+                        item_timeout_s=2.0).start()
     yield srv
     srv.stop()

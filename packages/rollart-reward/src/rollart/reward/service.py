@@ -34,7 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rollart import checks as check
 from rollart.env.trajectory import Trajectory
-from rollart.reward.cache import ResultCache
+from rollart.reward.cache import Claim, ResultCache
 from rollart.reward.errors import RewardError
 from rollart.reward.protocol import RewardFn, RewardRegistry
 from rollart.reward.rules import EnvSuccessReward, FormatReward, MathAnswerReward
@@ -42,6 +42,9 @@ from rollart.reward.rules import EnvSuccessReward, FormatReward, MathAnswerRewar
 log = logging.getLogger(__name__)
 
 CONFIG_ENV = "ROLLART_REWARD_CONFIG"
+# What a /v1/score answer may take past the request's deadline (D24): serializing the results and
+# cancelling what did not finish; a client reading with a timeout of answer_bound_s(...) is never cut off.
+ANSWER_MARGIN_S = 1.0
 
 
 class ServiceConfig(BaseModel):
@@ -72,6 +75,8 @@ class ScoreRequest(BaseModel):
     reward: str = Field(min_length=1)
     items: list[ScoreItem]
     timeout_s: float | None = Field(default=None, gt=0)
+    """The caller's remaining deadline in seconds for the whole batch; the service caps it at its
+    `item_timeout_s`, so any positive value is accepted (D24)."""
 
 
 class ItemResult(BaseModel):
@@ -114,6 +119,17 @@ class HealthResponse(BaseModel):
     pid: int
 
 
+def answer_bound_s(config: ServiceConfig, timeout_s: float | None) -> float:
+    """How long one /v1/score request may take at most: min(timeout_s, item_timeout_s) + ANSWER_MARGIN_S.
+
+    The deadline is the batch's, not each item's in turn (D24): every item of a batch starts at
+    once, an item not finished by then is answered `timeout`, so a client that reads with this
+    timeout always gets the answer.
+    """
+    # deps: none
+    return min(config.item_timeout_s, timeout_s or math.inf) + ANSWER_MARGIN_S
+
+
 def openapi_schema(app: FastAPI, registry: RewardRegistry, config: ServiceConfig) -> dict[str, Any]:
     """The service's OpenAPI document, precise enough to fuzz against (design D13).
 
@@ -130,11 +146,19 @@ def openapi_schema(app: FastAPI, registry: RewardRegistry, config: ServiceConfig
     schemas.update(request_schema.pop("$defs", {}))
     request_schema["properties"]["reward"] = {"type": "string", "enum": registry.names(), "title": "Reward"}
     request_schema["properties"]["items"]["maxItems"] = config.max_items
+    request_schema["properties"]["timeout_s"]["description"] = (
+        f"The caller's remaining deadline for the whole batch, in seconds. Any positive value is accepted and "
+        f"capped at the server's item_timeout_s ({config.item_timeout_s:g} s).")
     schemas["ScoreRequest"] = request_schema
     components["securitySchemes"] = {"bearerAuth": {"type": "http", "scheme": "bearer"}}
     score = doc["paths"]["/v1/score"]["post"]
     score["requestBody"] = {"required": True,
                             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ScoreRequest"}}}}
+    score["description"] = (
+        f"Scores every item of the batch at once. The answer arrives within min(timeout_s, item_timeout_s) + "
+        f"{ANSWER_MARGIN_S:g} s (item_timeout_s = {config.item_timeout_s:g} s); an item not finished by the "
+        f"deadline is answered with status `timeout` and may be retried under the same key.")
+    score["x-answer-within-s"] = {"item_timeout_s": config.item_timeout_s, "margin_s": ANSWER_MARGIN_S}
     for path, method in (("/v1/score", "post"), ("/metrics", "get")):
         doc["paths"][path][method]["security"] = [{"bearerAuth": []}]
     return doc
@@ -270,7 +294,7 @@ def create_app(registry: RewardRegistry, config: ServiceConfig) -> FastAPI:
             return _error(422, "duplicate_keys", f"item keys must be unique, duplicates {dups}", duplicates=dups)
         timeout = min(config.item_timeout_s, req.timeout_s or math.inf)
         fn = registry.get(req.reward)
-        results = await asyncio.gather(*(score_item(fn, cache, item, timeout) for item in req.items))
+        results = await score_batch(fn, cache, req.items, timeout)
         for r in results:
             metrics[f"items_{r.status}"] += 1
             metrics["cache_hits"] += int(r.cached)
@@ -282,6 +306,49 @@ def create_app(registry: RewardRegistry, config: ServiceConfig) -> FastAPI:
 def _cache_schema(app: FastAPI, doc: dict[str, Any]) -> dict[str, Any]:
     app.openapi_schema = doc
     return doc
+
+
+async def score_batch(fn: RewardFn, cache: ResultCache, items: list[ScoreItem], timeout_s: float) -> list[ItemResult]:
+    """Score every item at once under one deadline for the batch (D24), results in request order.
+
+    Each item's own reward call is bounded by `timeout_s` (`score_item`); what still runs half the
+    margin past it (a claim stuck behind the cache's threads, a reward that swallows cancellation) is
+    cancelled and answered `timeout`, so the whole request ends within `answer_bound_s`.
+    """
+    # deps: score_item
+    # VAL: VAL_TIMEOUT(timeout_s, exc=RewardError)
+    check.timeout("timeout_s", timeout_s, exc=RewardError)  # generated #cc70f04010
+    if not items:
+        return []
+    tasks = [asyncio.ensure_future(score_item(fn, cache, item, timeout_s)) for item in items]
+    done, pending = await asyncio.wait(tasks, timeout=timeout_s + ANSWER_MARGIN_S / 2)
+    loop = asyncio.get_running_loop()
+    for item, task in zip(items, tasks):
+        if task in pending:  # its claim goes now: a retry may compute the item; a late result is not stored
+            task.cancel()
+            loop.run_in_executor(None, cache.release, item.key)
+    if pending:
+        log.warning("reward %s: %d of %d items still running at the batch deadline of %.3g s; answered timeout",
+                    fn.name, len(pending), len(items), timeout_s)
+    return [task.result() if task in done else
+            ItemResult(key=item.key, status="timeout", error=f"the batch's deadline of {timeout_s:.3g} s passed")
+            for item, task in zip(items, tasks)]
+
+
+async def _claim(cache: ResultCache, key: str) -> Claim:
+    """`cache.claim` in a thread; if the caller is cancelled meanwhile, a claim it got is released."""
+    loop = asyncio.get_running_loop()
+    future = loop.run_in_executor(None, cache.claim, key)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        future.add_done_callback(lambda f: _release_if_claimed(loop, cache, key, f))
+        raise
+
+
+def _release_if_claimed(loop: asyncio.AbstractEventLoop, cache: ResultCache, key: str, future: asyncio.Future) -> None:
+    if not future.cancelled() and future.exception() is None and future.result().outcome == "claimed":
+        loop.run_in_executor(None, cache.release, key)
 
 
 async def score_item(fn: RewardFn, cache: ResultCache, item: ScoreItem, timeout_s: float) -> ItemResult:
@@ -296,7 +363,7 @@ async def score_item(fn: RewardFn, cache: ResultCache, item: ScoreItem, timeout_
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
-        claim = await asyncio.to_thread(cache.claim, item.key)
+        claim = await _claim(cache, item.key)
         if claim.outcome == "done":
             return ItemResult(key=item.key, status="ok", cached=True, **claim.result)
         if claim.outcome == "claimed":
@@ -309,6 +376,9 @@ async def score_item(fn: RewardFn, cache: ResultCache, item: ScoreItem, timeout_
     except TimeoutError:
         await asyncio.to_thread(cache.release, item.key)
         return ItemResult(key=item.key, status="timeout", error=f"reward did not finish within {timeout_s:.3g} s")
+    except asyncio.CancelledError:  # the batch's deadline passed (score_batch): a retry may compute it
+        asyncio.get_running_loop().run_in_executor(None, cache.release, item.key)
+        raise
     except Exception as exc:
         log.warning("reward %s failed on %s", fn.name, item.key, exc_info=exc)
         await asyncio.to_thread(cache.release, item.key)

@@ -4,7 +4,9 @@
 - `slow`: sleeps `trajectory.info["sleep_s"]` (default 0.05 s), appends the trajectory id to the
   file named by `ROLLART_REWARD_TEST_LOG` (so a test can count real scorings), scores len(id);
 - `hang`: never returns (only the service's deadline ends it);
-- `boom`: raises.
+- `boom`: raises;
+- `stubborn`: swallows the first cancellation and goes on for a minute (only the batch deadline of
+  the service ends the request).
 """
 
 from __future__ import annotations
@@ -49,6 +51,21 @@ class HangingReward:
         raise AssertionError("unreachable")
 
 
+class StubbornReward:
+    """Ignores the first cancellation: what a reward that catches every exception looks like."""
+
+    name = "stubborn"
+
+    async def score(self, trajectory: Trajectory) -> RewardResult:
+        """Wait, swallow one cancellation, wait a minute more."""
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            pass
+        await asyncio.sleep(60)
+        return RewardResult(score=0.0)
+
+
 class FailingReward:
     """Always raises."""
 
@@ -60,9 +77,9 @@ class FailingReward:
 
 
 def test_registry() -> RewardRegistry:
-    """The default rule rewards plus `slow`, `hang` and `boom`."""
+    """The default rule rewards plus `slow`, `hang`, `stubborn` and `boom`."""
     registry = default_registry()
-    for fn in (SlowRecordingReward(), HangingReward(), FailingReward()):
+    for fn in (SlowRecordingReward(), HangingReward(), StubbornReward(), FailingReward()):
         registry.register(fn)
     return registry
 
