@@ -4,6 +4,8 @@ bad configs failing with one line naming the field before anything starts (D18).
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -133,8 +135,9 @@ def test_bad_configs_fail_with_one_line_naming_the_field(tmp_path, tiny_ckpt):
     assert code == 2 and _one_line_error(out).startswith("tasks.0.env: cannot load '../user_env.py:NoSuchEnv'")
     code, out = _plan_cli(user, "--set", f"model.path={tiny_ckpt}", "--set", "tasks.0.reward=no_such_pkg_q.rewards:score")
     assert code == 2 and _one_line_error(out).startswith("tasks.0.reward: cannot load 'no_such_pkg_q.rewards:score'")
-    code, out = _plan_cli(user)  # the placeholder path must be set
-    assert code == 2 and _one_line_error(out).startswith("model.path ") and "'/path/to/checkpoint' is not a directory" in out
+    code, out = _plan_cli(user, "--set", f"model.path={tmp_path / 'absent'}")  # no checkpoint there: say how to make one
+    assert code == 2 and _one_line_error(out).startswith("model.path ") and "is not a directory" in out
+    assert f"rollart checkpoint init {tmp_path / 'absent'}" in " ".join(out.split())
     code, out = _plan_cli(two, "--set", "rollout.pools.5.devices=2")
     assert code == 2 and "rollout.pools.5 is not an index of a list of 2 items" in _one_line_error(out)
 
@@ -194,3 +197,27 @@ def test_plan_accepts_a_simulated_run():
     plan = make_plan(cfg)
     assert plan.trainer.backend == "sim" and plan.trainer.memory.total == 0
     assert {r.tag: r.pools for r in plan.routes} == {"prefill": ["h800"], "decode": ["h20"]}
+
+
+def test_examples_that_load_a_checkpoint_plan_as_shipped_after_one_documented_command(tmp_path, monkeypatch):
+    """Issue 25: user_env.yaml and vllm_gloo.yaml name `checkpoints/tiny`; `rollart checkpoint init` makes it."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("user_env.yaml", "vllm_gloo.yaml"):
+        code, out = _plan_cli(str(CONFIGS / name))
+        assert code == 2 and "rollart checkpoint init checkpoints/tiny" in " ".join(out.split()), out
+    res = CliRunner().invoke(app, ["checkpoint", "init", "checkpoints/tiny"])
+    assert res.exit_code == 0 and (tmp_path / "checkpoints" / "tiny" / "config.json").is_file(), res.output
+    for name in ("user_env.yaml", "vllm_gloo.yaml"):
+        code, out = _plan_cli(str(CONFIGS / name))
+        assert code == 0, out
+
+
+def test_plan_of_a_config_without_a_checkpoint_imports_neither_torch_nor_transformers():
+    """Issue 25: `rollart plan` starts nothing, so it must not pay seconds of torch/transformers imports."""
+    code = ("import sys\nfrom rollart.app.cli import app\n"
+            f"sys.argv = ['rollart', 'plan', {str(CONFIGS / 'cpu_demo.yaml')!r}]\n"
+            "try:\n    app()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules), file=sys.stderr)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stderr.strip().splitlines()[-1] == "[]", res.stderr[-2000:]

@@ -153,7 +153,7 @@ async def start_trainer(config: RunConfig, model: ModelSpec, placement: Placemen
 
     tc = config.trainer
     if tc.backend == "sim":  # a cost model (design D22): n_params from the model shape, peak from the catalogue
-        from rollart.app.sim.parts import ElasticSimTrainer
+        from rollart.app.sim.trainer import ElasticSimTrainer
         from rollart.resource.hardware import BUILTIN_HARDWARE
 
         devices = len(placement.trainer) if config.pipeline.mode == "sync" else tc.devices

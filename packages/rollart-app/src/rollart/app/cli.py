@@ -152,6 +152,26 @@ def timeline(
     typer.echo(str(path))
 
 
+checkpoint_app = typer.Typer(add_completion=False, help="Model checkpoints for the example configs.")
+app.add_typer(checkpoint_app, name="checkpoint")
+
+
+@checkpoint_app.command("init")
+def checkpoint_init(
+    path: Path = typer.Argument(..., help="the directory to write (created; an existing checkpoint is overwritten)"),
+    seed: int = typer.Option(0, "--seed", help="the random init's seed (same seed, same weights)"),
+) -> None:
+    """`rollart checkpoint init DIR`: a tiny random-init Hugging Face checkpoint for the example configs."""
+    from rollart.app.model_source import init_tiny_checkpoint
+
+    try:
+        written = init_tiny_checkpoint(str(path), seed=seed)
+    except SchedulerError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(code=2) from None
+    typer.echo(f"wrote a tiny checkpoint to {written} (use it with --set model.path={written})")
+
+
 @app.command()
 def plan(
     config: Path = typer.Argument(..., help="YAML run config"),

@@ -165,7 +165,9 @@ class ModelSection(_Strict):
             return self
         root = Path(self.path).expanduser()
         if not root.is_dir():
-            raise ValueError(f"model.path {self.path!r} is not a directory (a Hugging Face checkpoint directory is expected)")
+            raise ValueError(f"model.path {self.path!r} is not a directory (a Hugging Face checkpoint directory is expected; "
+                             f"a relative path is taken from the working directory; make a tiny one with "
+                             f"`rollart checkpoint init {self.path}`)")
         if not (root / "config.json").is_file():
             raise ValueError(f"model.path {self.path!r} has no config.json")
         if not any((root / f).is_file() for f in TOKENIZER_FILES):

@@ -119,3 +119,19 @@ def count_parameters(c: Any) -> int:
     per_layer = attn + mlp + 2 * hidden
     head = 0 if getattr(c, "tie_word_embeddings", False) else vocab * hidden
     return vocab * hidden + layers * per_layer + hidden + head
+
+
+def init_tiny_checkpoint(path: str, seed: int = 0) -> str:
+    """Write a tiny random-init Hugging Face checkpoint (Llama weights, config, tokenizer) to `path`.
+
+    Why: the example configs that load a checkpoint (`model.path`) must plan and run on a machine
+    with no model downloads; this makes one locally, deterministic per seed, in a second.
+    """
+    # deps: rollart.proxy.testing.build_tiny_model
+    # VAL: VAL_NON_EMPTY(path, exc=SchedulerError)
+    check.non_empty("path", path, exc=SchedulerError)  # generated #8c38ff8b66
+    # VAL: VAL_INT_RANGE(seed, min=0, max=2**32 - 1, exc=SchedulerError)
+    check.int_range("seed", seed, min=0, max=2**32 - 1, exc=SchedulerError)  # generated #7f7691d862
+    from rollart.proxy.testing import build_tiny_model
+
+    return build_tiny_model(path, seed=seed)

@@ -8,6 +8,7 @@ The memory model is a closed form over the HF config shape; its assumptions are 
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import json
 from dataclasses import dataclass, field
@@ -239,21 +240,38 @@ def load_tokenizer(config: RunConfig) -> Any:
         raise ConfigError(f"model.path: cannot load the tokenizer from {config.model.path!r}: {type(err).__name__}: {err}") from None
 
 
+def engine_origin(spec: str, base_dir: Path | None, field: str) -> str:
+    """Where an engine comes from, without importing a built-in one (its module imports torch: seconds).
+
+    A built-in engine's module is located (`find_spec`, which fails if the package is missing) but not
+    executed; a plugin or import path is resolved as the run would resolve it.
+    """
+    # deps: resolve
+    from rollart.app.registry import BUILTINS, resolve
+
+    path = BUILTINS["engine"].get(spec)
+    if path is None:
+        return resolve("engine", spec, base_dir, field=field).origin
+    module = path.split(":", 1)[0]
+    # AST: AST_PRECONDITION(importlib.util.find_spec(module) is not None, got=(field, module), msg="the module of a built-in engine is installed", exc=ConfigError)
+    check.precondition(importlib.util.find_spec(module) is not None, "the module of a built-in engine is installed", got=(field, module), exc=ConfigError)  # generated #f642bd43f8
+    return f"built-in ({path})"
+
+
 def make_plan(config: RunConfig, base_dir: Path | None = None, tokenizer: Any = None) -> Plan:
     """Resolve every engine, env and reward (ConfigError naming the field on the first bad one) and lay out the run.
 
     Nothing is started: no Ray, no engine, no connection to a reward service.
     """
-    # deps: model_shape, param_count, rollout_memory, trainer_memory, routing_table, load_tokenizer, resolve, build_task
-    from rollart.app.registry import resolve
+    # deps: model_shape, param_count, rollout_memory, trainer_memory, routing_table, load_tokenizer, engine_origin, build_task
     from rollart.app.task_factory import build_task
 
     shape = model_shape(config)
     pools = []
     for i, pool in enumerate(config.rollout.pools):
-        engine = resolve("engine", pool.engine, base_dir, field=f"rollout.pools.{i}.engine")
+        origin = engine_origin(pool.engine, base_dir, field=f"rollout.pools.{i}.engine")
         context = int(pool.engine_args.get("max_model_len") or shape.max_positions)
-        pools.append(PoolPlan(pool.name, pool.hardware, pool.devices, pool.engine, engine.origin, pool.max_num_seqs, context,
+        pools.append(PoolPlan(pool.name, pool.hardware, pool.devices, pool.engine, origin, pool.max_num_seqs, context,
                               rollout_memory(shape, pool.max_num_seqs, context, pool.hardware)))
     t = config.trainer
     trainer = TrainerPlan(t.backend, t.placement, t.devices, t.hardware, trainer_memory(shape, t.backend, t.devices, t.hardware))

@@ -19,7 +19,7 @@ from rollart import checks as check
 from rollart.env.manager import EnvManager
 from rollart.env.trajectory import Trajectory
 from rollart.scheduler.buffer import SampleBuffer
-from rollart.scheduler.errors import SchedulerError, SchedulerTimeout
+from rollart.scheduler.errors import ConfigError, SchedulerError, SchedulerTimeout
 
 
 class GenerationControl(Protocol):
@@ -35,6 +35,23 @@ class GenerationControl(Protocol):
 def _oldest_so_far(traj: Trajectory) -> int | None:
     versions = [v for t in traj.turns for v in (t.response_weight_versions or [t.weight_version]) if v >= 0]
     return min(versions) if versions else None
+
+
+def check_slot_shapes(slots: Sequence[Sequence[EnvManager]], slot_tasks: Sequence[str], buffer: SampleBuffer) -> None:
+    """Refuse, at construction, slots that can never fill a batch (issue 25: they used to hang silently).
+
+    A slot runs one GRPO group, so it must hold exactly `buffer.group_size` managers (a group of 3
+    never completes a group of 4); with a task-balanced buffer, every slot's task must be one of the
+    buffer's tasks and every buffer task must have a slot (a task without one never fills its quota).
+    """
+    # deps: none
+    sizes = [len(slot) for slot in slots]
+    bad = next((i for i, n in enumerate(sizes) if n != buffer.group_size), None)
+    # AST: AST_PRECONDITION(bad is None, got={"slot": bad, "env_managers": sizes[bad], "group_size": buffer.group_size}, msg="each slot holds group_size EnvManagers (it runs one GRPO group)", exc=ConfigError)
+    check.precondition(bad is None, "each slot holds group_size EnvManagers (it runs one GRPO group)", got_lazy=lambda: {"slot": bad, "env_managers": sizes[bad], "group_size": buffer.group_size}, exc=ConfigError)  # generated #848f29eca4
+    if buffer.tasks:
+        # AST: AST_PRECONDITION(set(slot_tasks) == set(buffer.tasks), got={"slot_tasks": sorted(set(slot_tasks)), "buffer_tasks": sorted(buffer.tasks)}, msg="the slots run exactly the task-balanced buffer's tasks", exc=ConfigError)
+        check.precondition(set(slot_tasks) == set(buffer.tasks), "the slots run exactly the task-balanced buffer's tasks", got_lazy=lambda: {"slot_tasks": sorted(set(slot_tasks)), "buffer_tasks": sorted(buffer.tasks)}, exc=ConfigError)  # generated #e639f9ad44
 
 
 class RolloutScheduler:
@@ -66,6 +83,7 @@ class RolloutScheduler:
             raise SchedulerError(f"slots and slot_tasks must be non-empty and of equal length, got {len(slots)} and {len(slot_tasks)}")
         self.slots = [list(s) for s in slots]
         self.slot_tasks = list(slot_tasks)
+        check_slot_shapes(self.slots, self.slot_tasks, buffer)
         self.buffer = buffer
         self.control = control
         self.carry_over = carry_over

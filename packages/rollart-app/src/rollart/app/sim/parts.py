@@ -7,9 +7,9 @@ Each part here is a *simulation*, named as such, and plugs into the same builder
     SyntheticPrompts        the prompt builder of `synthetic`: an observation "n" becomes n token ids
     SampledResponseLength   an LLMClient wrapper capping each turn's max_tokens at a sampled length
                             (SimEngine decodes to max_tokens; the real policy would stop at EOS)
-    ElasticSimTrainer       rollart-train's SimTrainer whose device count grows by the devices the
-                            time-sharing controller lends for the step
     synthetic_reward        1.0 for a finished trajectory (a simulation does not learn)
+
+The elastic simulated trainer is `rollart.app.sim.trainer` (it needs torch; these parts do not).
 
 Token counts and latencies are drawn from `Distribution` specs: `fixed` (mean), `gaussian`
 N(mean, std) clipped at 0, `lognormal` with the given *mean* and log-sigma `std` (long tail).
@@ -29,7 +29,6 @@ from rollart.env.envs.latency import LatencyDistribution, LatencyWrapper
 from rollart.env.protocols import GenerationRequest, GenerationResult, ResetResult, StepResult
 from rollart.env.trajectory import Trajectory
 from rollart.scheduler.errors import ConfigError
-from rollart.train.sim_trainer import SimTrainer, TrainStepCost, train_step_cost
 
 DIST_KINDS = ("fixed", "gaussian", "lognormal")
 
@@ -164,25 +163,3 @@ class SampledResponseLength:
 async def synthetic_reward(trajectory: Trajectory) -> float:
     """1.0 when the episode finished (a simulation does not learn; the pipeline still needs a score)."""
     return 1.0 if trajectory.success else 0.0
-
-
-class ElasticSimTrainer(SimTrainer):
-    """SimTrainer whose step uses its own devices plus those lent to training right now (time-sharing)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        """As SimTrainer; `lent` is kept by `on_role` (the TimeSharingController's role callback)."""
-        super().__init__(*args, **kwargs)
-        self.lent: set[int] = set()
-
-    def on_role(self, devices: list[int], role: str) -> None:
-        """Devices switched to `train` join the next step's data-parallel world; any other role leaves it."""
-        if role == "train":
-            self.lent.update(devices)
-        else:
-            self.lent.difference_update(devices)
-
-    def step_cost(self, batch: Any) -> TrainStepCost:
-        """The cost model over `devices + len(lent)` devices."""
-        tokens = int(batch.attention_mask.sum())
-        return train_step_cost(self.n_params, tokens, self.devices + len(self.lent), self.hardware, mfu=self.mfu,
-                               grad_bytes_per_param=self.grad_bytes_per_param)
