@@ -9,7 +9,7 @@ Nothing here imports RollArt's scheduler: an env only has to follow `rollart.env
 protocol (`name`, `system_prompt`, `reset`, `step`, `close`), and a reward is any function of a
 finished trajectory returning a float (sync or async). The same function can be served over HTTP:
 
-    rollart reward serve examples/user_env.py:guess_reward --port 8000
+    rollart-reward serve examples/user_env.py:guess_reward --port 8000   # or: rollart reward serve ...
 """
 
 from __future__ import annotations

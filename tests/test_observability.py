@@ -9,8 +9,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = sorted(p.name for p in (ROOT / "packages").iterdir() if (p / "src").is_dir())
-# the command line and the demo it runs are user interfaces: they write to the terminal
-INTERFACES = {"rollart/app/cli.py", "rollart/app/demo.py"}
+# the command lines and the demo are user interfaces: they write to the terminal
+INTERFACES = {"rollart/app/cli.py", "rollart/app/demo.py", "rollart/reward/cli.py"}
 # the validation runtime only raises the caller's exception: it has nothing of its own to log
 SILENT = {"rollart-checks"}
 

@@ -1,7 +1,11 @@
-"""`rollart reward serve module:function` runs a real reward service; configs score through it over HTTP."""
+"""`rollart reward serve module:function` runs a real reward service; configs score through it over HTTP.
+
+It is an alias of rollart-reward's own `rollart-reward serve` (rollart-reward D25): same options, same
+defaults, same messages and exit codes, because both call `rollart.reward.cli.serve_command`."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import signal
@@ -13,12 +17,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from rollart.app.cli import app
 from rollart.app.config import parse_config
 from rollart.app.task_factory import build_task
 from rollart.env.trajectory import Trajectory, TrajectoryStatus
+from rollart.reward import cli as reward_cli
 from rollart.reward.client import RewardClient
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -108,3 +114,43 @@ def test_serve_refuses_bad_input_before_binding(monkeypatch):
     assert res.exit_code == 2 and "has no attribute 'no_such_reward'" in res.output
     res = runner.invoke(app, ["reward", "serve", "no_such_module_q:fn"])
     assert res.exit_code == 2 and "No module named 'no_such_module_q'" in res.output
+
+
+def _serve_options_of_the_alias() -> dict[str, object]:
+    command = typer.main.get_command(app).commands["reward"].commands["serve"]
+    return {(p.name.upper() if p.param_type_name == "argument" else p.opts[0]): p.default for p in command.params}
+
+
+def _serve_options_of_rollart_reward() -> dict[str, object]:
+    parser = reward_cli.build_parser()
+    serve = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["serve"]
+    return {(a.option_strings[0] if a.option_strings else a.metavar): a.default
+            for a in serve._actions if not isinstance(a, argparse._HelpAction)}
+
+
+def test_the_alias_takes_the_same_options_with_the_same_defaults():
+    assert _serve_options_of_the_alias() == _serve_options_of_rollart_reward() == {
+        "SPEC": None, "--name": None, "--host": None, "--port": 8000, "--token-env": "ROLLART_REWARD_TOKEN",
+        "--workers": 1, "--cache-path": None}
+
+
+@pytest.mark.parametrize(("args", "env_token"), [
+    (["examples/user_env.py:guess_reward"], None),
+    (["examples/user_env.py:guess_reward", "--port", "70000"], TOKEN),
+    (["examples/user_env.py:guess_reward", "--workers", "65"], TOKEN),
+    (["examples/user_env.py:guess_reward", "--token-env", ""], TOKEN),
+    (["examples/user_env.py:no_such_reward"], TOKEN),
+    (["examples/user_env.py"], TOKEN),
+])
+def test_the_alias_says_what_rollart_reward_serve_says(args, env_token, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    if env_token is None:
+        monkeypatch.delenv("ROLLART_REWARD_TOKEN", raising=False)
+    else:
+        monkeypatch.setenv("ROLLART_REWARD_TOKEN", env_token)
+    code = reward_cli.main(["serve", *args])
+    said = capsys.readouterr().err
+    alias = CliRunner().invoke(app, ["reward", "serve", *args])
+    assert code == alias.exit_code == 2
+    assert said.count("\n") == 1 and said.split(" ")[0] in ("--token-env:", "--port", "--workers", "--token-env", "SPEC:")
+    assert alias.stderr == said

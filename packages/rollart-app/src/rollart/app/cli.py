@@ -26,7 +26,6 @@ from rollart.scheduler.timeline import plot_timeline
 app = typer.Typer(add_completion=False, help="RollArt: agentic RL on disaggregated hardware.")
 reward_app = typer.Typer(add_completion=False, help="Reward-as-a-Service.")
 app.add_typer(reward_app, name="reward")
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 SET_HELP = "override a config field: dotted.key=value (YAML value; list items by index), repeatable"
 
 
@@ -239,28 +238,17 @@ def reward_serve(
     workers: int = typer.Option(1, "--workers", help="uvicorn worker processes"),
     cache_path: Path | None = typer.Option(None, "--cache-path", help="result cache (default: a fresh file in a temp dir)"),
 ) -> None:
-    """`rollart reward serve module:function`: serve one reward function over HTTP (a plain trajectory -> float works)."""
-    import tempfile
+    """`rollart reward serve module:function`: serve one reward function over HTTP (a plain trajectory -> float works).
 
-    from rollart.reward.errors import RewardError
-    from rollart.reward.function_service import load_reward, serve_function
+    An alias of `rollart-reward serve` (rollart-reward's own command, its design D25): both call
+    `serve_command`, so they check the same options and say the same things.
+    """
+    from rollart.reward.cli import serve_command
 
-    token = os.environ.get(token_env, "")
-    if len(token) < 8:
-        typer.echo(f"--token-env: set {token_env} to a bearer token of at least 8 characters (clients send it)", err=True)
-        raise typer.Exit(code=2)
-    bind = host or "127.0.0.1"
-    if host is not None and host not in LOOPBACK_HOSTS:
-        typer.echo(f"warning: binding {host}: the reward service is reachable from other machines", err=True)
-    reward_name = name or spec.rpartition(":")[2]
-    try:
-        load_reward(spec, reward_name)
-    except RewardError as err:
-        typer.echo(f"SPEC: {err}", err=True)
-        raise typer.Exit(code=2) from None
-    cache = cache_path or Path(tempfile.mkdtemp(prefix="rollart-reward-")) / "cache.sqlite"
-    typer.echo(f"serving reward {reward_name!r} from {spec} on http://{bind}:{port} (POST /v1/score)", err=True)
-    serve_function(spec, reward_name, token, host=bind, port=port, workers=workers, cache_path=str(cache))
+    code = serve_command(spec, name=name, host=host, port=port, token_env=token_env, workers=workers,
+                         cache_path=None if cache_path is None else str(cache_path))
+    if code:
+        raise typer.Exit(code=code)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -11,13 +11,20 @@ are instant, so a fixed attempt count spent itself in a few seconds of backoff a
 before the deadline. Attempts are spaced by the shared policy of `rollart.resource.retry`
 (exponential backoff with equal jitter, on tenacity), a 429's `Retry-After` is honoured, and
 `max_attempts` is only an optional cap.
+
+Why one connection pool per event loop (design D26): an `httpx.AsyncClient`'s connections belong to
+the loop that opened them, so a client reused by a second `asyncio.run` failed with "Event loop is
+closed" from inside httpx. Each running loop gets its own pool, and the pool's closing is tied to
+its loop: a parked async generator that the loop's `shutdown_asyncgens` (run by `asyncio.run` before
+it closes the loop) finalizes, closing the pool on that loop while it still runs. A loop closed
+without that shutdown leaves its pool to the garbage collector: nothing can be awaited on it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import httpx
@@ -70,13 +77,24 @@ class RewardClient:
         self.backoff_max_s = backoff_max_s
         self.backoff = Backoff(base_s=backoff_base_s, max_s=backoff_max_s, jitter="equal")
         self._rng = random.Random(seed)
-        self._http: httpx.AsyncClient | None = None
+        # loop -> (its pool, the parked generator that closes the pool when the loop shuts down); not a
+        # WeakKeyDictionary: the generator holds its loop's finalizer hook, so the loop would never be freed
+        self._pools: dict[asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, AsyncGenerator[None, None]]] = {}
         self.attempts = 0
 
-    def _client(self) -> httpx.AsyncClient:
-        if self._http is None:
-            self._http = httpx.AsyncClient(headers={"Authorization": f"Bearer {self.token}"})
-        return self._http
+    async def _client(self) -> httpx.AsyncClient:
+        """The running loop's pool, made on first use in that loop (D26)."""
+        loop = asyncio.get_running_loop()
+        for owner in [owner for owner in list(self._pools) if owner.is_closed()]:
+            self._pools.pop(owner, None)  # a finished asyncio.run: its pool was closed at its shutdown, or is lost
+        entry = self._pools.get(loop)
+        if entry is None or entry[0].is_closed:
+            http = httpx.AsyncClient(headers={"Authorization": f"Bearer {self.token}"})
+            closer = _close_with_loop(http)
+            await closer.__anext__()  # the loop now finalizes it at shutdown_asyncgens
+            self._pools[loop] = (http, closer)
+            entry = (http, closer)
+        return entry[0]
 
     async def score_batch(self, reward: str, trajectories: Sequence[Trajectory], deadline_s: float = 60.0) -> list[RewardResult]:
         """Score every trajectory (results in input order), retrying until the deadline.
@@ -144,7 +162,7 @@ class RewardClient:
             "items": [{"key": k, "trajectory": t.model_dump(mode="json")} for k, t in pending.items()],
         }
         response = await asyncio.wait_for(
-            self._client().post(f"{self.base_url}/v1/score", json=body, timeout=attempt_timeout), attempt_timeout + 0.5
+            (await self._client()).post(f"{self.base_url}/v1/score", json=body, timeout=attempt_timeout), attempt_timeout + 0.5
         )
         if response.status_code in RETRY_STATUSES:
             raise _Retryable(f"HTTP {response.status_code}", _retry_after(response))
@@ -158,21 +176,36 @@ class RewardClient:
 
     async def health(self) -> dict[str, Any]:
         """GET /health (no auth)."""
-        response = await self._client().get(f"{self.base_url}/health", timeout=self.timeout_s)
+        response = await (await self._client()).get(f"{self.base_url}/health", timeout=self.timeout_s)
         response.raise_for_status()
         return response.json()
 
     async def metrics(self) -> dict[str, Any]:
         """GET /metrics of whichever worker answers."""
-        response = await self._client().get(f"{self.base_url}/metrics", timeout=self.timeout_s)
+        response = await (await self._client()).get(f"{self.base_url}/metrics", timeout=self.timeout_s)
         response.raise_for_status()
         return response.json()
 
     async def aclose(self) -> None:
-        """Close the connection pool."""
-        if self._http is not None:
-            await self._http.aclose()
-            self._http = None
+        """Close the calling loop's connection pool; pools of other loops are released to their loops.
+
+        A released pool is closed by its own loop (the generator's finalizer schedules the close there)
+        when that loop still runs, and dropped when it is closed; the client stays usable afterwards.
+        """
+        loop = asyncio.get_running_loop()
+        entries = list(self._pools.items())
+        self._pools.clear()
+        for owner, (_, closer) in entries:
+            if owner is loop:
+                await closer.aclose()  # runs its finally: the pool is closed here, on its own loop
+
+
+async def _close_with_loop(http: httpx.AsyncClient) -> AsyncGenerator[None, None]:
+    """Parked at `yield` until its loop's `shutdown_asyncgens` (or `aclose`) finalizes it, then closes `http`."""
+    try:
+        yield
+    finally:
+        await http.aclose()
 
 
 class _Retryable(Exception):

@@ -1,7 +1,8 @@
 """Serve one user reward function (`module:function` or `file.py:function`) as Reward-as-a-Service.
 
-Why a module of its own: `rollart reward serve examples/user_env.py:guess_reward` must work for a
-plain `trajectory -> float` function without the user writing a `RewardRegistry` factory. Each
+Why a module of its own: `rollart-reward serve examples/user_env.py:guess_reward` (`rollart.reward.cli`,
+and its alias `rollart reward serve`) must work for a plain `trajectory -> float` function without
+the user writing a `RewardRegistry` factory. Each
 uvicorn worker process rebuilds the registry from `ROLLART_REWARD_FUNCTION` (a JSON spec), the
 same way `service.app_from_env` passes its config, so `--workers N` works unchanged.
 """

@@ -42,6 +42,7 @@ from rollart.reward.rules import EnvSuccessReward, FormatReward, MathAnswerRewar
 log = logging.getLogger(__name__)
 
 CONFIG_ENV = "ROLLART_REWARD_CONFIG"
+MAX_WORKERS = 64  # uvicorn processes of one deployment (the command lines check it before binding)
 # What a /v1/score answer may take past the request's deadline (D24): serializing the results and
 # cancelling what did not finish; a client reading with a timeout of answer_bound_s(...) is never cut off.
 ANSWER_MARGIN_S = 1.0
@@ -54,7 +55,7 @@ class ServiceConfig(BaseModel):
     token: str = Field(min_length=8)
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
-    workers: int = Field(default=2, ge=1, le=64)
+    workers: int = Field(default=2, ge=1, le=MAX_WORKERS)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     max_items: int = Field(default=1024, ge=1)
     max_concurrency: int = Field(default=32, ge=1)
