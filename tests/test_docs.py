@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 import types
 from pathlib import Path
@@ -48,3 +49,24 @@ def test_api_pages_document_each_public_module_once():
     for mod in gen.MODULES:
         assert (ROOT / "packages" / f"rollart-{mod}" / "src" / "rollart" / f"{mod}.py").is_file()
         assert gen.render_module_page(mod).count(f"::: rollart.{mod}\n") == 1
+
+
+def _table_rows(page: str) -> list[list[str]]:
+    """The cells of every field row, split where Python-Markdown splits them (at each unescaped `|`)."""
+    rows = []
+    for line in page.splitlines():
+        if line.startswith("| `"):
+            rows.append([c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]])
+    return rows
+
+
+def test_config_reference_type_cells_hold_no_pipe_or_backslash():
+    """A union rendered `str | None` split its cell, escaped as `str \\| None` it showed the backslash (issue 25)."""
+    rows = _table_rows(_load("gen_config_reference").render_config_reference())
+    assert len(rows) > 50
+    for row in rows:
+        assert len(row) == 5, row  # field, type, default, constraints, description: nothing split a cell
+        assert "\\" not in row[1] and "|" not in row[1], row
+    types_shown = {row[1] for row in rows}
+    assert "`str` or `None`" in types_shown and "`str`, `RewardService` or `None`" in types_shown
+    assert "one of `Qwen3-8B`, `Qwen3-32B` or `None`" in types_shown
