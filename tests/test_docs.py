@@ -1,9 +1,12 @@
-"""The docs site: the generated config reference and API pages (issue 14 item 3)."""
+"""The docs site: the generated config reference and API pages (issue 14 item 3), its figures and the
+pages that include the examples (issue 25 item 6)."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -70,3 +73,32 @@ def test_config_reference_type_cells_hold_no_pipe_or_backslash():
     types_shown = {row[1] for row in rows}
     assert "`str` or `None`" in types_shown and "`str`, `RewardService` or `None`" in types_shown
     assert "one of `Qwen3-8B`, `Qwen3-32B` or `None`" in types_shown
+
+
+DOCS = ROOT / "docs"
+_SNIPPET = re.compile(r"^\s*-{1,}8<-{1,}\s+\"([^\"]+)\"", re.M)
+
+
+
+
+
+def test_first_env_page_includes_existing_files_and_is_in_the_nav():
+    text = (DOCS / "first-env-and-pipeline.md").read_text()
+    included = _SNIPPET.findall(text)
+    assert set(included) >= {"examples/user_env.py", "examples/configs/user_env.yaml", "examples/frozenlake_grpo.py"}
+    for path in included:
+        assert (ROOT / path).is_file(), f"the page includes {path}, which does not exist"
+    mkdocs = (ROOT / "mkdocs.yml").read_text()
+    assert "first-env-and-pipeline.md" in mkdocs and "check_paths: true" in mkdocs
+    assert "first-env-and-pipeline.md" in (ROOT / "README.md").read_text()
+
+
+def test_the_hand_composed_pipeline_the_first_env_page_shows_runs(tmp_path):
+    """The page says its code blocks are the code the tests run; this is the test for frozenlake_grpo.py."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # the script writes its run directory with mkdtemp
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "frozenlake_grpo.py"), "--iterations", "2"],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.search(r"^iter\s+2\s+reward [+-]\d", done.stdout, re.M), done.stdout
+    (metrics,) = tmp_path.glob("frozenlake-*/metrics.jsonl")
+    assert len(metrics.read_text().splitlines()) == 2
