@@ -99,6 +99,21 @@ def test_getting_started_shows_the_demo_figures_the_script_draws():
     assert "scripts/docs_figures.py" in text and "first-env-and-pipeline.md" in text
 
 
+def test_overview_page_draws_the_architecture_in_mermaid():
+    text = (DOCS / "index.md").read_text()
+    blocks = re.findall(r"^```mermaid\n(.*?)^```", text, re.M | re.S)
+    assert len(blocks) >= 2
+    layering = blocks[0]
+    for pkg in ("rollart-app", "rollart-scheduler", "rollart-train", "rollart-proxy", "rollart-reward",
+                "rollart-sync", "rollart-env", "rollart-resource", "rollart-checks"):
+        assert pkg in layering, pkg
+    flow = "\n".join(blocks[1:])
+    for part in ("EnvManager", "LLMProxy", "inference workers", "ScoringSink", "SampleBuffer", "trainer",
+                 "TimeSharingController", "shrink", "expand", "load_weights"):
+        assert part in flow, part
+    mkdocs = (ROOT / "mkdocs.yml").read_text()
+    assert "name: mermaid" in mkdocs and "pymdownx.superfences.fence_code_format" in mkdocs
+
 
 def test_first_env_page_includes_existing_files_and_is_in_the_nav():
     text = (DOCS / "first-env-and-pipeline.md").read_text()
