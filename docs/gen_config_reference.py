@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import re
 import sys
+import types
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -36,13 +37,47 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _type_name(annotation: Any) -> str:
-    if typing.get_origin(annotation) is Literal:
-        return "one of " + ", ".join(f"`{a}`" for a in typing.get_args(annotation))
+def _is_union(annotation: Any) -> bool:
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType)
+
+
+def _either(parts: list[str]) -> str:
+    """`a`, `b` or `c`: a union in words, because a `|` in a table cell splits the cell, and escaped
+    as `\\|` inside a code span it shows the backslash."""
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " or " + parts[-1]
+
+
+def _code_name(annotation: Any) -> str:
+    """A type as Python text without a `|`: unions nested in a generic read `Optional[int]`, `Union[a, b]`."""
+    if annotation is type(None) or annotation is None:
+        return "None"
+    if annotation is Any:
+        return "Any"
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if _is_union(annotation):
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1 and len(args) == 2:
+            return f"Optional[{_code_name(rest[0])}]"
+        return f"Union[{', '.join(_code_name(a) for a in args)}]"
+    if origin is Literal:
+        return f"Literal[{', '.join(repr(a) for a in args)}]"
+    if origin is not None:
+        return f"{getattr(origin, '__name__', repr(origin))}[{', '.join(_code_name(a) for a in args)}]"
     if isinstance(annotation, type):
-        return f"`{annotation.__name__}`"
-    text = re.sub(r"\b(typing|rollart\.app\.config)\.", "", repr(annotation))
-    return _cell(f"`{text}`")
+        return annotation.__name__
+    return re.sub(r"\b(typing|rollart\.app\.config)\.", "", repr(annotation)).replace("|", "or")
+
+
+def _type_name(annotation: Any) -> str:
+    """The type column: a union as `str` or `None`, a Literal as one of its values."""
+    if typing.get_origin(annotation) is Literal:
+        return "one of " + _either([f"`{a}`" for a in typing.get_args(annotation)])
+    if _is_union(annotation):
+        literals = [a for a in typing.get_args(annotation) if typing.get_origin(a) is Literal]
+        values = [f"`{v}`" for lit in literals for v in typing.get_args(lit)]
+        others = [f"`{_code_name(a)}`" for a in typing.get_args(annotation) if typing.get_origin(a) is not Literal]
+        return ("one of " if values else "") + _either(values + others)
+    return f"`{_code_name(annotation)}`"
 
 
 def _default(field: Any) -> str:
