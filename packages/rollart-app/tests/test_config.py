@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollart.app.config import load_config, parse_config
+from rollart.app.config import TrainerSection, load_config, parse_config
 from rollart.scheduler.errors import ConfigError
 
 
@@ -44,3 +44,19 @@ def test_load_yaml(tmp_path):
     assert cfg.pipeline.mode == "time_sharing" and cfg.pipeline.alpha == 2 and cfg.tasks[0].env == "math"
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_the_removed_trainer_algorithm_is_an_error_naming_it(tmp_path):
+    # `trainer.algorithm` selected nothing (one algorithm: GRPO advantages, PPO-clip loss); a config
+    # that still sets it fails naming the field and saying why, not as a typo
+    for value in ("grpo", "ppo"):
+        with pytest.raises(ConfigError) as exc:
+            parse_config({"trainer": {"algorithm": value, "lr": 0.01}})
+        msg = str(exc.value)
+        assert "trainer.algorithm: removed" in msg and repr(value) in msg and "no critic" in msg
+        assert "Extra inputs" not in msg
+    p = tmp_path / "old.yaml"
+    p.write_text("trainer: {algorithm: grpo}\n")
+    with pytest.raises(ConfigError, match="trainer.algorithm: removed"):
+        load_config(p)
+    assert "algorithm" not in TrainerSection.model_fields

@@ -17,7 +17,6 @@ from rollart.scheduler.errors import ConfigError
 
 MODES = ("sync", "one_off", "async", "time_sharing")
 POLICIES = ("cost_aware", "always_shrink")
-ALGORITHMS = ("grpo", "ppo")
 
 
 class _Strict(BaseModel):
@@ -231,12 +230,23 @@ class SyncSection(_Strict):
     """Published versions the channel keeps."""
 
 
+REMOVED_TRAINER_FIELDS = {
+    "algorithm": "it selected nothing: rollart.train has no critic, so every run trains GRPO group advantages "
+                 "with the PPO-clip loss; `clip_eps`, `entropy_coef` and `normalize_advantage_std` tune it",
+}
+"""Keys the `trainer` section no longer has, with why; a config that still sets one fails naming it."""
+
+
 class TrainerSection(_Strict):
     """The trainer: backend, where it runs, and the optimisation settings handed to rollart.train.
 
     `placement: driver` trains in this process (the embedded default); `placement: actors` runs
     `devices` data-parallel Ray actors on their own devices of `hardware` (disaggregated from
     rollout), gradients all-reduced over torch.distributed (gloo on CPU, NCCL on GPUs).
+
+    There is one algorithm, so no field chooses it: GRPO advantages (reward minus the group mean,
+    over the group's std unless `normalize_advantage_std: false`) with the PPO-clip policy loss
+    (rollart.train has no critic, design rollart-train §1). The former `algorithm` key is an error.
     """
 
     backend: Literal["torch", "megatron", "sim"] = "torch"
@@ -247,8 +257,6 @@ class TrainerSection(_Strict):
     """Data-parallel trainer replicas (with `placement: actors`)."""
     hardware: str = "H800"
     """Hardware type of the trainer's devices."""
-    algorithm: Literal["grpo", "ppo"] = "grpo"
-    """`grpo` or `ppo`; recorded only: this version always trains on GRPO group advantages with the PPO-clip loss."""
     lr: float = Field(3e-3, gt=0)
     """AdamW learning rate."""
     clip_eps: float = Field(0.2, gt=0)
@@ -261,6 +269,17 @@ class TrainerSection(_Strict):
     """Gradient clipping norm."""
     micro_batch_size: int = Field(64, ge=1)
     """Sequences per forward/backward pass; gradients accumulate exactly over the batch."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_fields(cls, data: Any) -> Any:
+        # A key that was removed gets its own message: "extra inputs are not permitted" would not say
+        # why, and a config written for an earlier version must not look like it had a typo.
+        if isinstance(data, dict):
+            for key, why in REMOVED_TRAINER_FIELDS.items():
+                if key in data:
+                    raise ValueError(f"trainer.{key}: removed ({why}); delete the key (got {data[key]!r})")
+        return data
 
 
 class RewardService(_Strict):

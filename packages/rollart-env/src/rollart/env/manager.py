@@ -52,11 +52,27 @@ def cancelled_from_outside() -> bool:
 
 
 class TurnBarrier(Protocol):
-    """A synchronisation point between turns; only the batch-level baseline (`EnvGroup`) sets one."""
+    """A synchronisation point between turns; only the batch-level baseline (`EnvGroup`) sets one.
 
-    async def wait(self) -> None: ...
+    `EnvManager.turn_barrier` is `None` for trajectory-level rollout (the default); `EnvGroup` sets
+    a `LockstepBarrier` shared by its managers for one batch and clears it afterwards.
+    """
 
-    def leave(self) -> None: ...
+    async def wait(self) -> None:
+        """Block until every party still in the batch has reached the same point.
+
+        `EnvManager` calls it before each generation and before each `Env.step` of a turn. It may
+        raise `TimeoutError` (the trajectory then fails) and may be cancelled with the trajectory.
+        """
+        ...
+
+    def leave(self) -> None:
+        """Stop counting this manager as a party, releasing the others if they only waited for it.
+
+        Called once per trajectory when it ends, however it ends (finished, failed, cancelled), so a
+        party that left never holds the batch. Must not block or raise.
+        """
+        ...
 
 
 @dataclass(frozen=True)

@@ -47,13 +47,63 @@ class Env(Protocol):
     """
 
     name: str
+    """A short name of the environment kind (e.g. `frozenlake`), for logs and wrappers.
+
+    `EnvManager` checks that an instance has it; trajectories are named after the manager, not this.
+    """
+
     system_prompt: str
+    """The system message of this environment's prompts, read once per trajectory right after `reset`.
 
-    async def reset(self, seed: int | None = None) -> ResetResult: ...
+    `EnvManager` hands it to `PromptBuilder.initial_ids`; `""` means none. A run config's
+    `tasks[].system_prompt` replaces it when set (rollart-app wraps the prompt builder).
+    """
 
-    async def step(self, action: str) -> StepResult: ...
+    async def reset(self, seed: int | None = None) -> ResetResult:
+        """Start a new episode and return its first observation; called by `EnvManager` once per trajectory.
 
-    async def close(self) -> None: ...
+        Called on the same instance for trajectory after trajectory, also after the previous one was
+        cancelled in the middle of a `step` (a staleness or redundancy abort), so it must bring the
+        environment to a fresh episode whatever state it was left in. `seed` makes the episode
+        reproducible (`None`: the environment's choice). `ResetResult.info` is copied into
+        `Trajectory.info`, where rewards find e.g. a ground truth.
+
+        Each call runs under `EnvManagerConfig.reset_policy`: a per-call deadline and retries with
+        backoff on `TransientEnvError` / `ConnectionError` and on a timeout. Any other exception (or
+        retries exhausted) counts as a crash: the manager closes this instance, builds a new one from
+        its factory and resets that, up to `max_restarts` times, then fails the trajectory
+        (`env_crash:` / `env_timeout:`). Must never block the event loop (run blocking work in a thread).
+        """
+        ...
+
+    async def step(self, action: str) -> StepResult:
+        """Apply the policy's response of this turn and return what follows; called once per turn by `EnvManager`.
+
+        `action` is `PromptBuilder.decode` of the generated tokens, raw: an action that does not parse
+        is an outcome of the episode (a penalty, an error message as observation), not an exception.
+        `reward` adds to `Trajectory.env_return`; `terminated` or `truncated` ends the trajectory
+        (`info["success"]` sets `Trajectory.success`, default `terminated and reward > 0`); `info`
+        is merged into `Trajectory.info`.
+
+        Runs under `EnvManagerConfig.step_policy`'s deadline. `TransientEnvError` and
+        `ConnectionError` are retried with the same action, so raise them only when the action did
+        not take effect; a timeout is not retried (the action may have been applied) and fails the
+        trajectory `env_timeout:`; any other exception (or transient errors past the last attempt)
+        fails it `env_crash:`, and both make the manager replace this instance before the next
+        trajectory. The call may be cancelled at any await point (the trajectory is aborted); never
+        raise `CancelledError` yourself (it counts as a crash). Must never block the event loop.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Release the environment's resources; after it the manager never uses this instance again.
+
+        Called at most once per instance by `EnvManager`: when it replaces a crashed or timed-out
+        environment and from `EnvManager.close`. Bounded by `EnvManagerConfig.close_timeout_s`;
+        an exception or a timeout is logged and otherwise ignored, so a half-broken environment can
+        still be closed. It may follow a cancelled `step`.
+        """
+        ...
 
 
 @dataclass(frozen=True)
@@ -101,25 +151,77 @@ class GenerationResult:
 class LLMClient(Protocol):
     """The generate call the EnvManager makes (the scheduler adapts LLMProxy.generate to it)."""
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult: ...
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Generate one turn's response to the full context `request.prompt_ids`; called once per turn.
+
+        Returns the generated ids with one log-prob each and either one weight version per token or
+        none; `EnvManager` checks both and that `finish_reason` is one of `FINISH_REASONS` (a
+        violation fails the trajectory `llm_error:`). `finish_reason="abort"` (the proxy dropped the
+        request, e.g. a staleness abort) ends the trajectory ABORTED `llm_abort`, keeping the
+        tokens returned. A client shared by many managers sees overlapping calls; one manager has at
+        most one in flight.
+
+        Runs under `EnvManagerConfig.llm_policy`: a per-call deadline and retries on a timeout,
+        `TransientEnvError` or `ConnectionError` (so a retried request may be sent again); any other
+        exception fails the trajectory `llm_error:`. May be cancelled at any await point when the
+        trajectory is aborted; never raise `CancelledError` yourself (it fails the trajectory).
+        """
+        ...
 
 
 @runtime_checkable
 class TrajectorySink(Protocol):
     """Where finished trajectories go; must not block (the EnvManager keeps rolling)."""
 
-    def put_nowait(self, trajectory: Trajectory) -> None: ...
+    def put_nowait(self, trajectory: Trajectory) -> None:
+        """Take one ended trajectory; called by `EnvManager` exactly once per trajectory, whatever its end.
+
+        The trajectory arrives with its final `status` (finished, aborted or failed), `reason` and
+        `t_end` set; the manager does not change it afterwards. Called synchronously from the
+        manager's task on the event loop, so it must return at once: start any slow work (scoring)
+        as a task. An exception is logged and counted (`EnvCounters.sink_errors`) and the
+        trajectory is then lost to the sink, so raise only for a programming error (e.g. the same
+        id put twice).
+        """
+        ...
 
 
 @runtime_checkable
 class PromptBuilder(Protocol):
-    """Turns observations into *new* context tokens; earlier tokens are never re-tokenized."""
+    """Turns observations into *new* context tokens; earlier tokens are never re-tokenized.
 
-    def initial_ids(self, system_prompt: str, observation: str) -> list[int]: ...
+    Each `EnvManager` has its own builder and runs one trajectory at a time, so a builder may keep
+    per-trajectory state between `initial_ids` and the calls that follow it. Every method is called
+    synchronously on the event loop and must be quick; an exception fails the trajectory
+    (`internal_error:`).
+    """
 
-    def continuation_ids(self, previous_response_ids: list[int], observation: str) -> list[int]: ...
+    def initial_ids(self, system_prompt: str, observation: str) -> list[int]:
+        """The ids of the first prompt: `system_prompt` (may be empty), the reset observation and
+        whatever opens the policy's turn (e.g. a chat template's generation prompt).
 
-    def decode(self, token_ids: list[int]) -> str: ...
+        Called once per trajectory, right after `Env.reset`; the context of every later turn starts
+        with exactly these ids.
+        """
+        ...
+
+    def continuation_ids(self, previous_response_ids: list[int], observation: str) -> list[int]:
+        """The ids to append after the response `previous_response_ids` so the policy can answer `observation`.
+
+        Called after every `Env.step` that did not end the episode (and not after the last allowed
+        turn). Returns only new ids: whatever closes the previous response (unless it already ended
+        with that token), the observation, and what opens the next turn. The context is the concatenation
+        of earlier prompts, responses and these ids, never a re-tokenized rendering of the history.
+        """
+        ...
+
+    def decode(self, token_ids: list[int]) -> str:
+        """The text of one generated response, as `Env.step` receives it and `Turn.response_text` keeps it.
+
+        Called once per turn with that turn's generated ids; special tokens are usually dropped so
+        the environment parses only what the policy wrote.
+        """
+        ...
 
 
 def protocol_problems(obj: Any, protocol: type) -> list[str]:

@@ -56,7 +56,13 @@ class WeightSource(Protocol):
     """Where ``update_weights`` gets a version's tensors (rollart-sync implements it)."""
 
     async def fetch(self, version: int) -> Mapping[str, torch.Tensor]:
-        """The named tensors of ``version``."""
+        """The named tensors of exactly ``version`` (not merely the newest), by the names engines load.
+
+        Called once per ``LLMProxy.update_weights(source, version)``, before any worker is touched,
+        so an exception fails the update with nothing loaded. The proxy hands the mapping to every
+        active worker and keeps it for workers that come back later (expand, restart), so it must
+        stay unchanged until a newer version is pushed.
+        """
         ...
 
 

@@ -32,7 +32,18 @@ class RoutingPolicy(Protocol):
     """Pluggable routing: return a rank, or None to wait (back-pressure)."""
 
     def choose(self, request: GenerateRequest, workers: Sequence[WorkerView], sticky_rank: int | None) -> int | None:
-        """Pick a worker for ``request`` among the routable ``workers``."""
+        """Pick a worker for ``request`` among the routable ``workers``, or None to make it wait.
+
+        Called by ``LLMProxy`` synchronously on the event loop for every routing attempt: when a
+        request arrives and again each time one it handed back (migration, a failed worker) looks
+        for a new worker. ``workers`` are the active workers (not the one a migrated request just
+        left, while another is active); ``sticky_rank`` is the rank this trajectory's previous
+        request used (None after a migration), so a policy can reuse that worker's prefix cache.
+
+        Returns the ``rank`` of one of ``workers``, or None for back-pressure: the request waits
+        for the next change (a request ends, a worker comes back) and asks again, until its
+        deadline. Must be quick and must not block or await; it may keep its own state.
+        """
         ...
 
 

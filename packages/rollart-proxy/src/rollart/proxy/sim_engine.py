@@ -33,9 +33,13 @@ class HardwareLike(Protocol):
     """The fields of ``rollart.resource.hardware.HardwareSpec`` the cost model reads."""
 
     name: str
+    """The hardware type's name (e.g. `H800`); identifies the spec, the cost model computes nothing from it."""
     tflops_bf16: float
+    """Dense BF16 throughput in TFLOPS (> 0, checked by `SimEngine`): the compute roof of prefill."""
     hbm_gb: float
+    """Device memory in GB: weights plus KV must fit, so it sets the engine's KV capacity in tokens."""
     hbm_tbps: float
+    """Memory bandwidth in TB/s (> 0, checked by `SimEngine`): the memory roof of decode."""
 
 
 @dataclass(frozen=True)

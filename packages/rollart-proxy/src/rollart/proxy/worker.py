@@ -398,53 +398,125 @@ class InferenceWorker:
 
 
 class WorkerHandle(Protocol):
-    """How the proxy talks to a worker: an in-process ``InferenceWorker`` or a ``RayWorkerHandle``."""
+    """How the proxy talks to a worker: an in-process ``InferenceWorker`` or a ``RayWorkerHandle``.
+
+    ``LLMProxy`` owns one handle per rank (``WorkerSlot.handle``) and calls it from its event loop.
+    Each async method is a command the worker serves between two engine steps, in the order sent;
+    a command the worker cannot serve (it is stopped or gone) raises ``WorkerFailedError``, one not
+    served in time ``ProxyTimeoutError``.
+    """
 
     worker_id: str
+    """A name unique among the proxy's workers: it is in ``GenerateResponse.worker_ids``, events and
+    logs (``RoutingLog`` maps it to a hardware type). A replacement worker has a new one."""
+
     hardware: str
+    """The hardware type name (``H800``, ...) the affinity router matches a request's tag against;
+    fixed for the handle's life."""
+
     devices: tuple[int, ...]
+    """The ledger device ids the worker occupies: ``LLMProxy.shrink`` returns them and the
+    time-sharing pool maps devices to ranks by them; fixed for the handle's life."""
 
     def submit(self, request: EngineRequest) -> Awaitable[EngineOutput]:
-        """Queue a request now; await the result for its output."""
+        """Queue ``request`` now and return an awaitable of its output; called once per routing of a request.
+
+        A plain function on purpose: the ADD must be queued when the proxy routes, so an ``evict``
+        sent afterwards (a shrink) finds it. The awaitable resolves exactly once, with the output
+        ``stop``/``length`` (done), ``abort``, ``migrated`` (handed back with the tokens so far; the
+        proxy continues it elsewhere) or ``worker_failed`` (the worker broke or is stopped; the proxy
+        restarts it and continues the request); a remote worker that died may raise
+        ``WorkerFailedError`` instead, which the proxy treats as ``worker_failed``. The request may
+        carry tokens generated elsewhere (a resumed request). The proxy bounds the wait by the
+        request's deadline and then aborts it.
+        """
         ...
 
     async def abort(self, request_id: str) -> bool:
-        """Abort one request."""
+        """Finish one request now as ``abort``; its ``submit`` awaitable resolves with the tokens so far.
+
+        Called by ``LLMProxy.abort`` (a trajectory aborted, e.g. for staleness) and when a request
+        misses its deadline. Returns False when the request is not on this worker (already answered
+        or handed back), which is not an error. The proxy logs and ignores an exception here.
+        """
         ...
 
     async def evict(self, request_ids: list[str] | None = None) -> list[str]:
-        """Hand requests back as migrated."""
+        """Hand requests back as ``migrated`` with their tokens so far (all when ``None``); return their ids.
+
+        Called by ``LLMProxy.shrink`` (every request, before ``offload``) and by the rebalance after
+        ``expand`` (the youngest requests of an overloaded worker). Ids not on the worker are skipped.
+        """
         ...
 
     async def suspend(self) -> None:
-        """Stop stepping."""
+        """Stop stepping the engine; requests stay in place (their awaitables stay pending).
+
+        Called by ``LLMProxy.suspend`` on every worker not removed, before a weight update, and on a
+        restarted worker while the proxy is suspended. Commands (ADD, ABORT, ``load_weights``) are
+        still served meanwhile; a second call changes nothing. A worker that failed may raise
+        ``WorkerFailedError`` (the proxy skips it).
+        """
         ...
 
     async def resume(self) -> None:
-        """Step again."""
+        """Step again after ``suspend``; paused requests continue under the weights now loaded.
+
+        Called by ``LLMProxy.resume`` on every worker not removed; a no-op on a running worker, and
+        on an offloaded one it takes effect at ``reload``.
+        """
         ...
 
     async def offload(self) -> None:
-        """Offload weights (after handing requests back)."""
+        """Hand back any request still here as ``migrated``, then free the device memory of weights and KV.
+
+        Called by ``LLMProxy.shrink`` after ``evict``, so the devices can be lent to training; until
+        ``reload`` every new request is handed back at once.
+        """
         ...
 
     async def reload(self) -> None:
-        """Reload weights."""
+        """Bring the weights back after ``offload``; the worker steps (or stays suspended) as before.
+
+        Called by ``LLMProxy.expand``, which then sends ``load_weights`` when the worker's version is
+        older than the proxy's; only after both is the worker routed to again.
+        """
         ...
 
     async def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
-        """Load weights as a version."""
+        """Load ``weights`` by name and serve ``version`` from now on; in-flight requests continue under them.
+
+        Called by ``LLMProxy.update_weights`` on every active worker at once (the same mapping for
+        all: do not modify it), by ``expand`` for a stale worker and after a restart or a
+        replacement. ``version`` is never below the one served; the one served now is accepted
+        again only with the same weights, anything else raises ``ProxyError`` (a version names one
+        set of weights). Returns when the weights are in use.
+        """
         ...
 
     async def restart(self) -> None:
-        """Restart with a fresh engine on the same device."""
+        """Replace a failed engine by a fresh one on the same devices, handing back requests still here.
+
+        Called by the proxy after a failure (a ``worker_failed`` output or a failed probe) while its
+        restart budget allows. The fresh engine serves the factory's weights; the proxy then sends
+        the latest weights and its suspension state before routing to it. Raising removes the worker.
+        """
         ...
 
     async def probe(self) -> Any:
-        """Health check: return while the worker can serve, raise WorkerFailedError (or time out) when it cannot.
-        The proxy treats a handle without ``probe`` as checked by its requests only."""
+        """Health check: return while the worker can serve, raise ``WorkerFailedError`` (or time out) when it cannot.
+
+        Called by ``LLMProxy.check_health`` on every active worker each ``health_check_interval_s``,
+        bounded by ``health_check_timeout_s``; a failure is handled like a failed request (restart
+        or removal). The return value is not used. Optional: the proxy treats a handle without
+        ``probe`` as checked by its requests only.
+        """
         ...
 
     async def stop(self) -> None:
-        """Stop the worker."""
+        """Stop the worker for good: requests still here are handed back as ``migrated``, queued commands fail.
+
+        Called when the proxy removes a worker (restart budget spent, a failed restart or
+        replacement) and by ``LLMProxy.close``; the proxy logs or ignores an exception here.
+        """
         ...

@@ -84,18 +84,44 @@ class Transition:
 
 @runtime_checkable
 class TransitionHook(Protocol):
-    """How another package acts inside a transition without this package importing it."""
+    """How another package acts inside a transition without this package importing it.
+
+    Registered with `ResourceManager.add_transition_hook`; the manager calls the hooks one after
+    another, in registration order (abort in reverse), from `shrink`, `expand` and `recover`. All
+    three methods share the transition's deadline (the `timeout=` of that call); a call past it is
+    cancelled and counted as missed. They run on the manager's event loop: never block it.
+    """
 
     async def prepare(self, transition: Transition) -> None:
-        """Do the work the move needs (offload, migrate); raise TransitionVetoed(reason) to refuse."""
+        """Do the work the move needs (offload, migrate); raise TransitionVetoed(reason) to refuse.
+
+        Called once per transition in phase `planned`, before any role changes, with what is left
+        of the deadline. Raising `TransitionVetoed`, any other exception, raising `CancelledError`
+        or missing the deadline stops the remaining hooks' `prepare` and aborts the transition (the
+        caller gets `TransitionVetoed` with the reason); the store's roles stay as they were.
+        """
         ...
 
     async def commit(self, transition: Transition) -> None:
-        """The roles have changed; must be idempotent (recovery may call it again)."""
+        """The roles have changed; must be idempotent (recovery may call it again).
+
+        Called after the store applied the roles and persisted `committed` (the atomic point), on
+        every hook, with the rest of the deadline (at least `NOTIFY_GRACE` seconds). The outcome is
+        final: an exception or a missed deadline is recorded as a `hook_failed` event and changes
+        nothing, the next hooks still hear it. If the controller stopped before every hook heard
+        it, `recover` calls it again, so a second call with the same transition must do no harm.
+        """
         ...
 
     async def abort(self, transition: Transition) -> None:
-        """The move is off; undo prepare's work; must be idempotent."""
+        """The move is off; undo prepare's work; must be idempotent.
+
+        Called on every hook (in reverse order) once `aborting` is persisted: after a veto, a failed
+        or late `prepare` or a cancelled caller, and from `recover` for a transition left `planned`
+        or `aborting`. A hook may hear it without its own `prepare` having run (an earlier hook
+        refused) or having finished, and more than once. As for `commit`, an exception or a missed
+        deadline is recorded as `hook_failed` and does not change the outcome.
+        """
         ...
 
 

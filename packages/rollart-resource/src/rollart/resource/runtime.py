@@ -47,13 +47,58 @@ class WorkerContext:
 
 @runtime_checkable
 class WorkerRuntime(Protocol):
-    """Where workers live: in this process (LocalRuntime) or as Ray actors (RayRuntime)."""
+    """Where workers live: in this process (LocalRuntime) or as Ray actors (RayRuntime).
 
-    async def spawn(self, worker_cls: type, context: WorkerContext, args: tuple, kwargs: Mapping[str, Any], *, timeout: float) -> Any: ...
-    async def call(self, handle: Any, method: str, args: tuple, kwargs: Mapping[str, Any], *, timeout: float | None = None) -> Any: ...
-    async def kill(self, handle: Any) -> None: ...
-    async def restart(self, handle: Any, *, timeout: float) -> Any: ...
-    async def remove(self, handle: Any) -> None: ...
+    `Cluster` is the only caller and keeps the handles; a handle is opaque to it and only ever
+    passed back to the runtime that made it. Whether a dead worker is restarted or removed is the
+    cluster's decision (R9), never the runtime's (no automatic restarts underneath).
+    """
+
+    async def spawn(self, worker_cls: type, context: WorkerContext, args: tuple, kwargs: Mapping[str, Any], *, timeout: float) -> Any:
+        """Start one worker, `worker_cls(context, *args, **kwargs)`, on `context.devices`; return its handle.
+
+        Called by `Cluster.create` for every rank at once, after the ledger allocated the devices.
+        Returns once the worker answers calls; past `timeout` seconds it raises `PlacementTimeout`
+        and leaves nothing behind (no actor, no reserved capacity). A worker that dies while
+        starting raises `WorkerDiedError`. If any rank fails, the cluster `remove`s the others.
+        """
+        ...
+
+    async def call(self, handle: Any, method: str, args: tuple, kwargs: Mapping[str, Any], *, timeout: float | None = None) -> Any:
+        """Run `method(*args, **kwargs)` on the worker and return its result (awaited if it is a coroutine).
+
+        Called by `Cluster` for every dispatched call and health check, concurrently for many ranks
+        and many calls on one rank. A dead worker raises `WorkerDiedError` (the cluster restarts
+        or removes it); past `timeout` (None: no deadline) it raises `CallTimeout` and cancels
+        the call where it can. An exception of the method itself propagates unchanged.
+        """
+        ...
+
+    async def kill(self, handle: Any) -> None:
+        """Make the worker dead at once, without cleanup: every later `call` raises `WorkerDiedError`.
+
+        Fault injection for tests and drills, and the first half of `restart` / `remove`; the
+        cluster only learns of it through a failing call. Its devices and placement stay reserved.
+        """
+        ...
+
+    async def restart(self, handle: Any, *, timeout: float) -> Any:
+        """Replace a dead worker by a fresh instance with the same context (same devices); return the new handle.
+
+        Called by `Cluster` at most once per rank, after a call found the worker dead; the old
+        handle must not be used again. Raises (`PlacementTimeout`, `WorkerDiedError`) when the new
+        worker does not answer within `timeout`; the cluster then removes the worker.
+        """
+        ...
+
+    async def remove(self, handle: Any) -> None:
+        """Stop the worker for good and give its placement back (the cluster releases the ledger devices).
+
+        Called by `Cluster` when a restart is not allowed or failed, when spawning another rank
+        failed, and by `Cluster.shutdown` for every worker. Must work on a worker that is already
+        dead; the cluster logs (or, at shutdown, ignores) an exception here.
+        """
+        ...
 
 
 def bundle_for(hw: str, num_devices: int, cpus: float = 0.0) -> dict[str, float]:

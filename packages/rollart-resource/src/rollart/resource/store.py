@@ -183,28 +183,146 @@ class StoreSnapshot:
 
 @runtime_checkable
 class MetadataStore(Protocol):
-    """The small interface the manager needs; SqliteMetadataStore is the embedded implementation."""
+    """The small interface the manager needs; SqliteMetadataStore is the embedded implementation.
 
-    def schema_version(self) -> int: ...
-    def acquire_controller(self, holder: str) -> int: ...
-    def devices(self) -> dict[int, DeviceRecord]: ...
-    def init_devices(self, devices: Sequence[DeviceRecord], *, event: EventDraft | None = None) -> None: ...
-    def claim(self, owner: str, role: str, devices: Sequence[int], *, event: EventDraft | None = None) -> None: ...
-    def release(self, owner: str, devices: Sequence[int] | None = None, *, event: EventDraft | None = None) -> tuple[int, ...]: ...
-    def begin_transition(self, transition: Transition, *, event: EventDraft | None = None) -> None: ...
-    def set_phase(self, transition_id: str, phase: str, reason: str | None = None, *, event: EventDraft | None = None) -> Transition: ...
-    def commit_transition(self, transition_id: str, *, event: EventDraft | None = None) -> Transition: ...
-    def open_transition(self) -> Transition | None: ...
-    def transitions(self) -> list[Transition]: ...
-    def put_worker(self, record: WorkerRecord, *, event: EventDraft | None = None) -> None: ...
-    def workers(self, owner: str | None = None) -> list[WorkerRecord]: ...
-    def put_service(self, record: ServiceRecord, *, event: EventDraft | None = None) -> None: ...
-    def services(self) -> list[ServiceRecord]: ...
-    def append_event(self, kind: str, payload: Mapping[str, Any], at: float) -> Event: ...
-    def events(self, since: int = 0) -> list[Event]: ...
-    def last_event_seq(self) -> int: ...
-    def snapshot(self) -> StoreSnapshot: ...
-    def close(self) -> None: ...
+    `ResourceManager` is its one caller, and the only writer once it called `acquire_controller`.
+    Every write is one atomic transaction, on durable storage before the call returns (R15: the
+    outcome is stored before any hook hears it); a write method's `event` is appended in that same
+    transaction (D10), so the event log and the state never disagree. A write of a handle that is no
+    longer the controller raises `StaleController` and changes nothing. Reads check what they read
+    (D18) and raise `StoreDamaged` naming the store for a row that is not what was written. Calls are
+    synchronous and short (a control-plane store of a few thousand rows).
+    """
+
+    def schema_version(self) -> int:
+        """The schema version of the open store (in `snapshot`); a store newer than the code is refused at open."""
+        ...
+
+    def acquire_controller(self, holder: str) -> int:
+        """Make this handle the store's one controller and return its fencing epoch.
+
+        Called once by `ResourceManager.__init__` before any other call. Raises `ControllerLockHeld`
+        (naming the holder) while another live controller holds the store. The epoch is greater
+        than every earlier one, and a handle with an older epoch can no longer write.
+        """
+        ...
+
+    def devices(self) -> dict[int, DeviceRecord]:
+        """The ledger as committed: every device by id.
+
+        Read before each allocation and transition; the write methods check it again inside their
+        own transaction, so a decision made on this read cannot apply to a changed ledger.
+        """
+        ...
+
+    def init_devices(self, devices: Sequence[DeviceRecord], *, event: EventDraft | None = None) -> None:
+        """Create the device rows of a new pool, all free, with the `pool_created` event.
+
+        Called once, when a manager opens a store without devices; raises `ResourceError` when the
+        store holds devices already (a pool is never redefined by this call).
+        """
+        ...
+
+    def claim(self, owner: str, role: str, devices: Sequence[int], *, event: EventDraft | None = None) -> None:
+        """Bind free devices to `owner` in `role` (`ResourceManager.allocate`).
+
+        Raises `ResourceError` when any of them is not free inside the write transaction; then
+        none is bound.
+        """
+        ...
+
+    def release(self, owner: str, devices: Sequence[int] | None = None, *, event: EventDraft | None = None) -> tuple[int, ...]:
+        """Free `owner`'s devices (all of them when None) and return the ids freed, sorted.
+
+        Raises `ResourceError` for a device the owner does not hold and `TransitionInFlight` for
+        one in the open transition; nothing is freed then. The event is recorded only when a
+        device was freed, with its `devices` set to the ids freed.
+        """
+        ...
+
+    def begin_transition(self, transition: Transition, *, event: EventDraft | None = None) -> None:
+        """Store a new transition in phase `planned`, revalidated against the ledger in the same transaction.
+
+        Raises `TransitionInFlight` while another transition is open (one at a time) and
+        `ResourceError` when the move is not valid for the current ledger (`validate_transition`).
+        """
+        ...
+
+    def set_phase(self, transition_id: str, phase: str, reason: str | None = None, *, event: EventDraft | None = None) -> Transition:
+        """Move a transition to `phase` along `PHASE_MOVES` (never to `committed`) and return it so.
+
+        `reason` (why it is aborted) is kept with the transition. Raises `ResourceError` for an
+        unknown id or a move the state machine does not allow; the phase is unchanged then.
+        """
+        ...
+
+    def commit_transition(self, transition_id: str, *, event: EventDraft | None = None) -> Transition:
+        """The atomic point: give every device of the transition its `to_role` and mark it `committed`.
+
+        One transaction: after a crash the ledger is before or after the move, never in between.
+        Raises `ResourceError` unless the transition is `prepared` and every device still has its
+        `from_role`. Returns the transition in phase `committed`.
+        """
+        ...
+
+    def open_transition(self) -> Transition | None:
+        """The transition not yet finished (planned, prepared, committed or aborting), if any; at most one.
+
+        `ResourceManager.recover` finishes or rolls it back after a controller restart.
+        """
+        ...
+
+    def transitions(self) -> list[Transition]:
+        """Every transition, oldest first: the ledger's history."""
+        ...
+
+    def put_worker(self, record: WorkerRecord, *, event: EventDraft | None = None) -> None:
+        """Insert or replace a worker's row (`ResourceManager.report_worker`): one row per worker id.
+
+        Raises `ResourceError` for a health that is not one of `WORKER_HEALTH`.
+        """
+        ...
+
+    def workers(self, owner: str | None = None) -> list[WorkerRecord]:
+        """The worker rows, all or one owner's, ordered by owner and rank."""
+        ...
+
+    def put_service(self, record: ServiceRecord, *, event: EventDraft | None = None) -> None:
+        """Insert or replace a serverless service's row (registration and health reports).
+
+        Raises `ResourceError` for a health that is not one of `SERVICE_HEALTH`.
+        """
+        ...
+
+    def services(self) -> list[ServiceRecord]:
+        """The registered services, ordered by name."""
+        ...
+
+    def append_event(self, kind: str, payload: Mapping[str, Any], at: float) -> Event:
+        """Append one event on its own (`ResourceManager.record_event`) and return it with its `seq`.
+
+        `payload` must be JSON-serialisable; `at` is the controller's clock. Sequence numbers only grow.
+        """
+        ...
+
+    def events(self, since: int = 0) -> list[Event]:
+        """The events with `seq > since`, in order; the manager reads them after each change to tell subscribers."""
+        ...
+
+    def last_event_seq(self) -> int:
+        """The `seq` of the newest event (0 for an empty log), so a reader can follow the log from now on."""
+        ...
+
+    def snapshot(self) -> StoreSnapshot:
+        """Everything the store holds, for "a restart restores the exact state" checks and debugging."""
+        ...
+
+    def close(self) -> None:
+        """Release the store and the controller lock; called by `ResourceManager.close`, nothing after it.
+
+        A controller that dies without it loses the lock with its process, so the next can take over.
+        """
+        ...
 
 
 def _checked_row(table: str, row: tuple) -> tuple:

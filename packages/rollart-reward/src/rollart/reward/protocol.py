@@ -25,11 +25,34 @@ class RewardResult(BaseModel):
 
 @runtime_checkable
 class RewardFn(Protocol):
-    """A stateless reward function of a finished trajectory."""
+    """A stateless reward function of a finished trajectory.
+
+    The same object serves in process (rollart-app wraps it into the `ScoringSink`'s scorer) and in
+    the reward service (`RewardRegistry`, `/v1/score`), so it may not rely on either.
+    """
 
     name: str
+    """The registry key: unique and non-empty in a `RewardRegistry` (`register` checks both); a
+    `/v1/score` request and a run config's `tasks[].reward.name` select the function by it."""
 
-    async def score(self, trajectory: Trajectory) -> RewardResult: ...
+    async def score(self, trajectory: Trajectory) -> RewardResult:
+        """Score one finished trajectory (its turns, `info`, `env_return`, ...).
+
+        Called by the `ScoringSink` once per finished, not yet rewarded trajectory, and by the
+        service once per item whose idempotency key has no stored result. Many calls run
+        concurrently on one event loop, so it must never block the loop (run CPU-bound checks with
+        `asyncio.to_thread`) and must keep no state between calls: the service may compute a key
+        again after a timeout, and the result must be the same. Do not modify the trajectory
+        (the sink sets `Trajectory.reward` from `RewardResult.score`).
+
+        Returns a finite `score` (in process a non-finite one fails the trajectory) and
+        JSON-serialisable `details` (the service stores and returns them). It runs under a deadline
+        (`ScoringSink.deadline_s`, the service's per-request deadline) and is cancelled when it
+        passes. An exception or a timeout is never a reward: in process the trajectory ends FAILED
+        with the reason, in the service the item is answered `error` / `timeout` and may be
+        retried under the same key.
+        """
+        ...
 
 
 class RewardRegistry:

@@ -35,10 +35,22 @@ class BufferedTrajectory(Protocol):
     """
 
     id: str
-    group_id: str
-    status: str
+    """Unique per trajectory: the buffer accounts each id exactly once, and a second put of it is an error."""
 
-    def weight_versions(self) -> list[int]: ...
+    group_id: str
+    """The GRPO group (`TASK-gN` from the RolloutScheduler); `""` makes the trajectory a group of its own."""
+
+    status: str
+    """Read once, at `put_nowait`: anything but `finished` (or its enum) aborts the trajectory and its group."""
+
+    def weight_versions(self) -> list[int]:
+        """The weight versions that produced the trajectory's tokens (one per turn will do); read once per put.
+
+        Its minimum decides staleness: the trajectory is trainable at trainer version v only while
+        that minimum is at least v - alpha (D1). Empty (no tokens) counts as version -1; `None`
+        entries are skipped. Must be cheap: it runs on every put, on the event loop.
+        """
+        ...
 
 
 @dataclass

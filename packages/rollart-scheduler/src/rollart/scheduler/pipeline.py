@@ -42,23 +42,67 @@ class ModelUpdater(Protocol):
     """Moves the trainer's new version to the rollout side (rollart.app.trainers)."""
 
     async def model_update(self, trainer: Any, version: int, timeout: float) -> dict[str, float]:
-        """Publish and load `version`; returns at least `sync_s` and `sync_bytes`."""
+        """Publish the weights of `version` from `trainer` and load them on every active rollout worker.
+
+        Called by `Pipeline` once per new version: after the train step that produced it, while the
+        rollout is suspended (it resumes right after), and from `Pipeline.restore` with the
+        checkpoint's version. When it returns, the workers serve `version`. `trainer` is the
+        pipeline's `Trainer`; `timeout` is `pipeline.update_timeout_s`, the bound of the whole
+        update. Returns at least `sync_s` (seconds) and `sync_bytes`, recorded in the metrics. An
+        exception fails the iteration (it propagates out of `Pipeline.step`).
+        """
         ...
 
 
 class Trainer(Protocol):
-    """The trainer as the pipeline drives it: in this process or as data-parallel actors."""
+    """The trainer as the pipeline drives it: in this process or as data-parallel actors.
+
+    Every method is awaited on the pipeline's event loop, which keeps serving the rollout meanwhile
+    (except in `sync` mode), so the work runs in a thread or in remote actors, never on the loop.
+    """
 
     @property
-    def version(self) -> int: ...
+    def version(self) -> int:
+        """Optimizer steps taken: the weight version the next update publishes (0 before any step).
 
-    async def train_step(self, batch: Any) -> dict[str, float]: ...
+        Read before and after every `train_step` and after `load_checkpoint`; it grows by one per
+        step. The buffer's staleness bound and the updater's version follow it.
+        """
+        ...
 
-    async def save_checkpoint(self, path: str) -> None: ...
+    async def train_step(self, batch: Any) -> dict[str, float]:
+        """One optimizer step on `batch`, a `rollart.train.TrainBatch` with GRPO advantages; returns metrics.
 
-    async def load_checkpoint(self, path: str) -> None: ...
+        Called once per iteration by `Pipeline.step` (inside shrink/expand in `time_sharing` mode,
+        under `get_batch_timeout_s` there). On return `version` has grown by one. The metrics
+        should hold `loss` (the iteration records NaN without it). An exception fails the iteration.
+        """
+        ...
 
-    async def close(self) -> None: ...
+    async def save_checkpoint(self, path: str) -> None:
+        """Write what resuming needs (weights, optimizer state, version) into the directory `path`.
+
+        Called by `Pipeline.save` every `run.checkpoint_every` iterations, between two iterations,
+        with `path` inside a fresh temporary checkpoint directory; the checkpoint becomes visible (its
+        manifest written, renamed into place) only after this returns, so a crash midway leaves none.
+        """
+        ...
+
+    async def load_checkpoint(self, path: str) -> None:
+        """Restore what `save_checkpoint` wrote into `path`, `version` included.
+
+        Called by `Pipeline.restore` before the first iteration; the pipeline then pushes these
+        weights to the rollout side (`ModelUpdater.model_update` with the restored version).
+        """
+        ...
+
+    async def close(self) -> None:
+        """Release what the trainer holds (threads, process groups, actors); nothing is called after it.
+
+        `rollart.app`'s builder registers it in `PipelineParts.closers`, so `Pipeline.close` calls it
+        once at the end of a run (and the builder calls it when building fails).
+        """
+        ...
 
 
 @dataclass

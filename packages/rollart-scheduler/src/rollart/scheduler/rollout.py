@@ -25,11 +25,31 @@ from rollart.scheduler.errors import ConfigError, SchedulerError, SchedulerTimeo
 class GenerationControl(Protocol):
     """What the scheduler needs from the LLM side (LLMProxy satisfies it)."""
 
-    async def suspend(self) -> None: ...
+    async def suspend(self) -> None:
+        """Pause generation so the weights can be swapped: new requests wait, running ones pause in place.
 
-    async def resume(self) -> None: ...
+        Called by `RolloutScheduler.suspend` before every weight update, bounded by
+        `pipeline.update_timeout_s` (past it: `SchedulerTimeout`), and when the pipeline closes. On
+        return no token is generated until `resume`; paused requests keep the tokens they have.
+        """
+        ...
 
-    async def abort(self, trajectory_id: str, reason: str = "aborted by client") -> int: ...
+    async def resume(self) -> None:
+        """Continue generating after `suspend`, with the weights loaded meanwhile.
+
+        Called by `RolloutScheduler.resume` after the update, once the trajectories now out of the
+        bound are aborted.
+        """
+        ...
+
+    async def abort(self, trajectory_id: str, reason: str = "aborted by client") -> int:
+        """Answer every in-flight request of `trajectory_id` at once with finish_reason `abort` and `reason`.
+
+        Called by `RolloutScheduler` for each trajectory it aborts (stale at a resume, every one in
+        `one_off`, the redundant rest in `sync`), right after cancelling its EnvManager and possibly
+        while suspended. Returns how many requests were aborted; 0 (nothing in flight) is not an error.
+        """
+        ...
 
 
 def _oldest_so_far(traj: Trajectory) -> int | None:

@@ -16,32 +16,35 @@ class PipelineSettings(Protocol):
 
     @property
     def mode(self) -> str:
-        """One of `sync`, `one_off`, `async`, `time_sharing`."""
+        """One of `sync`, `one_off`, `async`, `time_sharing` (D5); `Pipeline.step` reads it every iteration."""
         ...
 
     @property
     def alpha(self) -> int:
-        """The per-trajectory asynchronous bound."""
+        """The per-trajectory asynchronous bound (>= 0; 0 in `sync`, 1 in `one_off`).
+
+        `Pipeline` refuses a buffer whose alpha differs (`ConfigError`); `SampleBuffer.from_config` uses it.
+        """
         ...
 
     @property
     def batch_size(self) -> int:
-        """Trajectories per train step."""
+        """Trajectories per train step; a multiple of `group_size` (the buffer hands out whole groups)."""
         ...
 
     @property
     def group_size(self) -> int:
-        """Trajectories per prompt group (GRPO)."""
+        """Trajectories per prompt group (GRPO); `Pipeline` refuses a buffer with another group size."""
         ...
 
     @property
     def get_batch_timeout_s(self) -> float:
-        """The deadline for one batch."""
+        """Seconds `get_batch` may wait for a full batch (past it the run fails); also bounds a time-sharing step."""
         ...
 
     @property
     def update_timeout_s(self) -> float:
-        """The deadline for suspend and the weight update."""
+        """Seconds each of the rollout's suspend and the weight update (`ModelUpdater.model_update`) may take."""
         ...
 
 
@@ -50,12 +53,12 @@ class RunSettings(Protocol):
 
     @property
     def name(self) -> str:
-        """The run's name."""
+        """The run's name, shown in the progress line."""
         ...
 
     @property
     def checkpoint_every(self) -> int:
-        """Iterations between checkpoints."""
+        """Iterations between checkpoints (>= 1); used only when the parts have a `Checkpointer`."""
         ...
 
 
@@ -64,12 +67,20 @@ class AdvantageSettings(Protocol):
 
     @property
     def normalize_advantage_std(self) -> bool:
-        """False: Dr.GRPO advantages (reward minus the group mean)."""
+        """True: GRPO advantages over the group's std; False: Dr.GRPO (reward minus the group mean).
+
+        Read for every batch the pipeline builds (`rollart.train.build_train_batch`).
+        """
         ...
 
 
 class PipelineConfig(Protocol):
-    """A run's settings as `Pipeline` and `SampleBuffer.from_config` read them."""
+    """A run's settings as `Pipeline` and `SampleBuffer.from_config` read them.
+
+    Read-only and read as the run goes (not copied at construction), so they must not change during a
+    run. With a `Checkpointer` in the parts, `Pipeline` also stores the whole object in each checkpoint
+    (`config_identity`), which needs a pydantic model or JSON-serialisable data.
+    """
 
     @property
     def pipeline(self) -> PipelineSettings:

@@ -81,20 +81,50 @@ class SwitchRecord:
 class TimeSharingPolicy(Protocol):
     """Decides how many and which rollout devices to lend to one train step."""
 
-    def decide(self, state: PoolState) -> ShrinkDecision: ...
+    def decide(self, state: PoolState) -> ShrinkDecision:
+        """Choose the rollout devices to lend to the coming train step; none is a valid answer.
+
+        Called by `TimeSharingController.train_with_lending` once per train step, synchronously on
+        the event loop, with the pool's devices and load and the step time and switch cost measured
+        so far (None until measured). Returns a subset of `state.rollout_devices` and a reason for
+        the log; lending the whole pool would stop the rollout, so keep at least one device.
+        """
+        ...
 
 
 @runtime_checkable
 class ElasticRolloutPool(Protocol):
-    """The rollout side as the controller sees it (adapter over LLMProxy + ledger, or SimEngine)."""
+    """The rollout side as the controller sees it (adapter over LLMProxy + ledger, or SimEngine).
 
-    def rollout_devices(self) -> list[int]: ...
+    `TimeSharingController` calls it around one train step at a time: `shrink` of the devices the
+    policy chose, the step, then `expand` of the same devices, always (even if the step failed).
+    """
 
-    def load(self) -> dict[int, int]: ...
+    def rollout_devices(self) -> list[int]:
+        """The devices that take new rollout requests now (lent devices are not among them)."""
+        ...
 
-    async def shrink(self, devices: list[int]) -> SwitchCost: ...
+    def load(self) -> dict[int, int]:
+        """In-flight requests per rollout device, for the policy; cheap, read once per train step."""
+        ...
 
-    async def expand(self, devices: list[int]) -> SwitchCost: ...
+    async def shrink(self, devices: list[int]) -> SwitchCost:
+        """Lend `devices` to training: stop routing to them, hand their requests to the other workers, free them.
+
+        `devices` is a subset of `rollout_devices()`, never all of them. On return the devices
+        are out of `rollout_devices()` and usable by the trainer, and no request was lost. Returns
+        the measured offload and migration seconds. Bounded by the controller's deadline
+        (`SchedulerTimeout` past it).
+        """
+        ...
+
+    async def expand(self, devices: list[int]) -> SwitchCost:
+        """Take lent `devices` back into rollout, serving the newest weights, and rebalance requests onto them.
+
+        Called after every `shrink`, with the same devices. On return they are in
+        `rollout_devices()` again (the controller checks it). Returns the measured reload seconds.
+        """
+        ...
 
 
 def demand_devices(inflight: int, slots_per_device: int, min_keep: int) -> int:

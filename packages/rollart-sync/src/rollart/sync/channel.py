@@ -81,18 +81,39 @@ def finished_handle(version: int) -> PublishHandle:
 
 @runtime_checkable
 class WeightChannel(Protocol):
-    """Versioned weight publication and fetch; implemented by LocalChannel, TorchDistributedChannel, MooncakeChannel."""
+    """Versioned weight publication and fetch; implemented by LocalChannel, TorchDistributedChannel, MooncakeChannel.
+
+    The trainer side publishes (`ModelUpdateGroup.publish`, or the trainer actor's rank 0); each
+    inference side fetches. Versions only grow; a fetch never hands on a torn or corrupt transfer.
+    """
 
     def publish(self, named_tensors: NamedTensors, version: int) -> PublishHandle:
-        """Snapshot the tensors as `version` (strictly newer than the last) and start the transfer; return at once."""
+        """Snapshot the tensors as `version` (strictly newer than the last) and start the transfer; return at once.
+
+        The copy is taken before it returns, so the trainer may step again right away and change
+        the tensors; the transfer goes on in the background. Await `PublishHandle.wait` (with a
+        deadline) to know the version is fetchable. A version not above the last published raises
+        `StaleVersionError`; a closed channel `ChannelClosedError`. Not a coroutine, but it needs
+        the running event loop (the transfer is a task or an executor job of that loop).
+        """
         ...
 
     async def fetch(self, version: VersionSpec = LATEST, timeout: float = DEFAULT_TIMEOUT_S) -> WeightSnapshot:
-        """Deliver a verified version ("latest" = newest available), waiting for one until the deadline."""
+        """Deliver a verified version ("latest" = newest available), waiting for one until the deadline.
+
+        Every bucket's checksum is verified and a torn transfer is read again, so the snapshot's
+        tensors are exactly what was published. An explicit version no longer retained raises
+        `VersionNotAvailableError` at once; nothing arriving by `timeout` seconds raises
+        `SyncTimeoutError`. The tensors are views into the channel's buffers: copy what you keep,
+        then call `WeightSnapshot.release` so the next fetch can reuse them.
+        """
         ...
 
     async def close(self) -> None:
-        """Release the channel's resources; later calls raise ChannelClosedError."""
+        """Release the channel's resources (threads, process groups, store connections); call once at shutdown.
+
+        Later `publish`/`fetch` calls raise `ChannelClosedError`.
+        """
         ...
 
 

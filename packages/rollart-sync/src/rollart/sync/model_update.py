@@ -29,7 +29,16 @@ class WeightLoader(Protocol):
     """What an inference engine or worker offers to receive weights (implemented in rollart-proxy)."""
 
     async def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
-        """Load `weights` (read-only views; copy what you keep) and serve `version` from now on."""
+        """Load `weights` (read-only views; copy what you keep) and serve `version` from now on.
+
+        Called by `ModelUpdateGroup.update` once per fetched version, on every local worker that
+        holds an older one, all at once and bounded by the update's deadline (cancelled past it).
+        `weights` are views into the channel's receive buffers, shared by every loader and reused
+        for the next fetch once all of them returned: copy into your own memory before returning,
+        never keep or modify the views. Return only when `version` is served; after an exception
+        (or the deadline) the group still counts the worker at its old version (the next update
+        loads it again) and the update fails with `SyncError` (`SyncTimeoutError`).
+        """
         ...
 
 

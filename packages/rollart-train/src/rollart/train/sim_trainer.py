@@ -72,7 +72,12 @@ class AsyncStepTrainer(Protocol):
     """The optional awaitable step a simulated trainer offers (D15)."""
 
     async def train_step_async(self, batch: TrainBatch) -> dict[str, float]:
-        """One step that waits its modelled time on the running loop's clock."""
+        """One step that waits its modelled time on the running loop's clock, then returns its metrics.
+
+        rollart-app's `LocalTrainer` calls it instead of running `train_step` in a thread when the
+        trainer has it, so under a virtual-clock loop the step takes virtual, not wall, time. Must
+        only `await` (never block the loop); same version and metrics rules as `train_step`.
+        """
         ...
 
 
