@@ -133,3 +133,17 @@ def test_unreadable_manifest_is_an_error_naming_the_file(tmp_path):
     (bad / "manifest.json").write_text("{not json")
     with pytest.raises(SchedulerError, match="manifest.json"):
         Checkpointer(tmp_path).latest()
+
+
+def test_a_checkpoint_that_stored_the_removed_trainer_algorithm_resumes_without_consent(tmp_path):
+    """rollart-app D49: `trainer.algorithm` selected nothing; a run checkpointed with it resumes unchanged,
+    while a real change of the trainer section is still refused."""
+    from rollart.scheduler.checkpoint import CheckpointInfo, config_hash
+
+    now = config_identity(parse_config({"tasks": [{"env": "math"}]}))
+    old = {**now, "trainer": {**now["trainer"], "algorithm": "grpo"}}
+    info = CheckpointInfo(path=tmp_path, iteration=3, version=3, config_hash=config_hash(old), config=old)
+    assert Checkpointer.check_config(info, now) == []
+    changed = {**now, "trainer": {**now["trainer"], "lr": now["trainer"]["lr"] * 2}}
+    with pytest.raises(ConfigChangedError, match=r"trainer\.lr"):
+        Checkpointer.check_config(info, changed)

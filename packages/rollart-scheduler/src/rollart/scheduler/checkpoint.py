@@ -25,7 +25,9 @@ MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
 # Run settings that do not change what is trained: extending a run (`-n`), moving it, renaming it,
 # checkpointing more or less often or on another Ray cluster resumes without a config change.
-IGNORED_FOR_HASH = {"run": ("name", "run_dir", "iterations", "checkpoint_every", "tensorboard"), "cluster": None}
+# `trainer.algorithm` selected nothing and was removed (rollart-app D49): a checkpoint that stored it resumes unchanged
+IGNORED_FOR_HASH = {"run": ("name", "run_dir", "iterations", "checkpoint_every", "tensorboard"), "cluster": None,
+                    "trainer": ("algorithm",)}
 
 
 class ConfigChangedError(SchedulerError):
@@ -132,7 +134,10 @@ class Checkpointer:
         """The config changes since `info` was written; raise ConfigChangedError unless `allow_change`."""
         if config_hash(config) == info.config_hash:
             return []
-        changes = config_changes(info.config, dict(config)) or ["(the stored config does not match its hash)"]
+        stored = config_identity(info.config)  # keys ignored since the checkpoint was written do not count
+        if config_hash(stored) == config_hash(config):
+            return []
+        changes = config_changes(stored, dict(config)) or ["(the stored config does not match its hash)"]
         if not allow_change:
             shown = "; ".join(changes[:8]) + (f"; ... {len(changes) - 8} more" if len(changes) > 8 else "")
             raise ConfigChangedError(
