@@ -164,7 +164,7 @@ WRITER = textwrap.dedent(
 )
 
 
-def test_damaged_wal_loses_the_tail_but_stays_consistent(pristine, tmp_path):
+def test_damaged_wal_is_refused_then_the_consistent_prefix_opens_on_request(pristine, tmp_path):
     path, original, raw = pristine
     copy = tmp_path / "meta.db"
     copy.write_bytes(raw)
@@ -174,7 +174,12 @@ def test_damaged_wal_loses_the_tail_but_stays_consistent(pristine, tmp_path):
     frames = bytearray(wal.read_bytes())
     frames[len(frames) // 2] ^= 0xFF  # a damaged frame in the middle of the WAL
     wal.write_bytes(bytes(frames))
-    rm = ResourceManager(None, store=copy)  # opens: SQLite keeps the frames before the damaged one
+    # SQLite keeps the frames before the damaged one; the lock file says the controller committed more (D31)
+    with pytest.raises(StoreDamaged, match=r"it is at generation \d+, but the last controller committed generation "
+                                           r"\d+ .*older copy that lacks the last \d+ commits"):
+        ResourceManager(None, store=copy)
+    Path(f"{copy}.lock").unlink()  # the operator accepts the loss, as the message says
+    rm = ResourceManager(None, store=copy)  # opens: the consistent prefix
     ledger = {d: (r.role, r.owner) for d, r in rm.devices().items()}
     # an earlier consistent state: the pristine one, or one of the shrink/expand steps after it
     assert {d: v for d, v in ledger.items() if d not in (5, 6)} == {

@@ -11,6 +11,7 @@ single-byte flip in a value or in the checksum is detected.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import zlib
 from pathlib import Path
@@ -18,8 +19,8 @@ from typing import Any
 
 from rollart.resource.errors import ResourceError
 
-__all__ = ["APPLICATION_ID", "CRC_COLUMNS", "BadRow", "StoreDamaged", "check_file", "checksum_migration",
-           "install_checksum_function", "row_checksum"]
+__all__ = ["APPLICATION_ID", "CRC_COLUMNS", "BadRow", "StoreDamaged", "StoreNotWritable", "check_file",
+           "check_writable", "checksum_migration", "identity_migration", "install_checksum_function", "row_checksum"]
 
 APPLICATION_ID = 0x526F4C41
 """``PRAGMA application_id`` of a rollart store ("RoLA"), so a foreign SQLite file is not mistaken for one."""
@@ -31,6 +32,7 @@ CRC_COLUMNS: dict[str, tuple[str, ...]] = {
     "workers": ("id", "owner", "rank", "hw", "devices", "health", "restarts"),
     "services": ("name", "url", "owner", "health", "last_error"),
     "controller": ("id", "epoch", "holder"),
+    "identity": ("id", "run_id", "generation"),
 }
 """The columns each row's checksum covers (every column but ``crc``), in order."""
 
@@ -45,6 +47,24 @@ class StoreDamaged(ResourceError):
             f"metadata store {path} is damaged: {problem}. It is refused rather than guessed at. Stop every "
             f"controller, then restore {path} (with its -wal file, if any) from a backup, or move it aside to start a "
             "new pool (every role, transition and event in it is then lost)")
+        self.path = path
+        self.problem = problem
+
+
+class StoreNotWritable(ResourceError):
+    """The store's directory or file cannot be written; the message names the path and what to change.
+
+    Why its own error: SQLite says only "unable to open database file" or "attempt to write a readonly
+    database", naming no file, and a read-only store is not a damaged one (nothing to restore).
+    """
+
+    def __init__(self, path: str, problem: str) -> None:
+        """Name the path that is not writable, why, and what to do."""
+        # deps: none
+        super().__init__(
+            f"metadata store {path} cannot be written: {problem}. The controller commits every change to it and to "
+            "its -wal, -shm and .lock files beside it, so the directory and the file must be writable by this "
+            "process (user, permissions, a read-only mount); fix that, or pass a store path in a writable directory")
         self.path = path
         self.problem = problem
 
@@ -64,21 +84,64 @@ def install_checksum_function(conn: sqlite3.Connection) -> None:
     conn.create_function("rollart_crc", -1, row_checksum, deterministic=True)
 
 
+def _crc_statements(table: str) -> list[str]:
+    """A ``crc`` column on one table, the checksums of its rows, and the triggers that keep them."""
+    values = ", ".join(CRC_COLUMNS[table])
+    return [
+        f"ALTER TABLE {table} ADD COLUMN crc INTEGER NOT NULL DEFAULT 0",
+        f"UPDATE {table} SET crc = rollart_crc('{table}', {values})",
+        f"CREATE TRIGGER {table}_crc_insert AFTER INSERT ON {table} BEGIN "
+        f"UPDATE {table} SET crc = rollart_crc('{table}', {values}) WHERE rowid = NEW.rowid; END",
+        f"CREATE TRIGGER {table}_crc_update AFTER UPDATE OF {values} ON {table} BEGIN "
+        f"UPDATE {table} SET crc = rollart_crc('{table}', {values}) WHERE rowid = NEW.rowid; END",
+    ]
+
+
 def checksum_migration() -> tuple[str, ...]:
-    """Schema v4: a ``crc`` column on every table, checksums of the existing rows, triggers, the application id."""
+    """Schema v4: a ``crc`` column on every table of v1-v3, checksums of the existing rows, triggers, the application id."""
     statements: list[str] = []
-    for table, cols in CRC_COLUMNS.items():
-        values = ", ".join(cols)
-        statements += [
-            f"ALTER TABLE {table} ADD COLUMN crc INTEGER NOT NULL DEFAULT 0",
-            f"UPDATE {table} SET crc = rollart_crc('{table}', {values})",
-            f"CREATE TRIGGER {table}_crc_insert AFTER INSERT ON {table} BEGIN "
-            f"UPDATE {table} SET crc = rollart_crc('{table}', {values}) WHERE rowid = NEW.rowid; END",
-            f"CREATE TRIGGER {table}_crc_update AFTER UPDATE OF {values} ON {table} BEGIN "
-            f"UPDATE {table} SET crc = rollart_crc('{table}', {values}) WHERE rowid = NEW.rowid; END",
-        ]
+    for table in CRC_COLUMNS:
+        if table != "identity":  # created by v5, with its checksum
+            statements += _crc_statements(table)
     statements.append(f"PRAGMA application_id = {APPLICATION_ID:d}")
     return tuple(statements)
+
+
+def identity_migration() -> tuple[str, ...]:
+    """Schema v5: the store's identity, one checksummed row: a random run id, and a generation every write bumps.
+
+    Why in the file (design D31): the run id tells this run's store from another run's with the same pool, and
+    the generation tells an older copy (a restored backup, a lost -wal) from the latest one; both are mirrored in
+    the lock file, which a copy of the store does not carry along. ``randomblob`` gives an existing store migrated
+    to v5 its own run id too.
+    """
+    # deps: none
+    return ("CREATE TABLE identity (id INTEGER PRIMARY KEY CHECK (id = 1), run_id TEXT NOT NULL,"
+            " generation INTEGER NOT NULL)",
+            *_crc_statements("identity"),
+            "INSERT INTO identity (id, run_id, generation) VALUES (1, lower(hex(randomblob(16))), 0)")
+
+
+def check_writable(path: str) -> None:
+    """Before SQLite opens a store: its directory, and the file and its -wal/-shm if present, are writable.
+
+    ``os.access`` answers for this process's user and for a read-only mount (``EROFS``), so root on a
+    writable file system passes, as SQLite would.
+
+    Raises:
+        StoreNotWritable: naming the first path that cannot be written.
+    """
+    # deps: none
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise StoreNotWritable(path, f"its directory {directory} cannot be created ({exc.strerror})") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise StoreNotWritable(path, f"its directory {directory} is read-only for this process")
+    for file in (path, f"{path}-wal", f"{path}-shm", f"{path}.lock"):
+        if os.path.exists(file) and not os.access(file, os.R_OK | os.W_OK):
+            raise StoreNotWritable(path, f"the file {file} is read-only for this process")
 
 
 def check_file(path: str) -> bool:

@@ -35,8 +35,11 @@ from rollart.resource.integrity import (
     CRC_COLUMNS,
     BadRow,
     StoreDamaged,
+    StoreNotWritable,
     check_file,
+    check_writable,
     checksum_migration,
+    identity_migration,
     install_checksum_function,
     row_checksum,
 )
@@ -64,6 +67,7 @@ __all__ = [
     "StoreSnapshot",
     "WorkerRecord",
     "StoreDamaged",
+    "StoreNotWritable",
     "migrate",
 ]
 
@@ -90,6 +94,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE transitions ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0",
     ),
     checksum_migration(),  # v4: a CRC-32 per row kept by triggers, and the rollart application id
+    identity_migration(),  # v5: the store's identity (run id, generation), mirrored in the lock file (D31)
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 SYNCHRONOUS: tuple[str, ...] = ("FULL", "EXTRA", "NORMAL")
@@ -405,9 +410,20 @@ def _controller_of(row: tuple) -> tuple[int, str]:
     return epoch, holder
 
 
+def _identity_of(row: tuple) -> tuple[str, int]:
+    _id, run_id, generation = _checked_row("identity", row)
+    # VAL: VAL_TYPE(run_id, str, exc=BadRow)
+    check.of_type("run_id", run_id, str, exc=BadRow)  # generated #9d0c2d472c
+    # VAL: VAL_NON_EMPTY(run_id, exc=BadRow)
+    check.non_empty("run_id", run_id, exc=BadRow)  # generated #4f2d2e705d
+    # VAL: VAL_INT_RANGE(generation, min=0, max=2**62, exc=BadRow)
+    check.int_range("generation", generation, min=0, max=2**62, exc=BadRow)  # generated #8419251243
+    return run_id, generation
+
+
 _DECODERS: dict[str, Callable[[tuple], Any]] = {
     "devices": _device_of, "transitions": _transition_of, "events": _event_of, "workers": _worker_of,
-    "services": _service_of, "controller": _controller_of,
+    "services": _service_of, "controller": _controller_of, "identity": _identity_of,
 }
 _SELECT = {table: f"SELECT {', '.join((*cols, 'crc'))} FROM {table}" for table, cols in CRC_COLUMNS.items()}
 
@@ -487,19 +503,31 @@ class SqliteMetadataStore:
     def __init__(self, path: str | Path = ":memory:", *, busy_timeout: float = 5.0, synchronous: str = "FULL") -> None:
         """Open (creating or migrating) the file and verify it; the busy timeout is the deadline for the write lock.
 
+        The store's identity (design D31) is checked against the lock file beside it: a store of another run, or
+        one older than the last controller's last commit (a restored backup, a deleted -wal), is refused.
+
         Raises:
-            StoreDamaged: the file exists but is empty, is not a rollart store, or fails ``verify``.
+            StoreDamaged: the file exists but is empty, is not a rollart store, fails ``verify``, or is not the
+                store the lock file says the last controller committed (another run id, an older generation).
+            StoreNotWritable: the directory or a file of the store is read-only for this process (names the path).
         """
-        # deps: migrate, check_file, SqliteMetadataStore.verify
+        # deps: migrate, check_file, check_writable, SqliteMetadataStore.verify
         # VAL: VAL_TIMEOUT(busy_timeout, exc=ResourceError)
         check.timeout("busy_timeout", busy_timeout, exc=ResourceError)  # generated #cac9625f79
         # VAL: VAL_ONE_OF(synchronous, choices=SYNCHRONOUS, exc=ResourceError)
         check.one_of("synchronous", synchronous, SYNCHRONOUS, exc=ResourceError)  # generated #90613314ea
         self.path = str(path)
+        witness: dict | None = None
+        self._created = False
+        self._files: tuple[tuple[int, ...] | None, tuple[int, ...] | None] | None = None  # see _file_ids
         if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            check_writable(self.path)
+            # read before the store: a controller mirrors its commit after it, so the store is never behind an
+            # honest mirror read first
+            witness = ControllerLock(self.path).read()
             if not check_file(self.path):
                 _create_atomically(self.path)
+                self._created = True  # a new store: the lock file speaks of a store that was moved aside
         # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so a write transaction takes the
         # write lock up front and a validation inside it sees the state it is about to change.
         self._epoch: int | None = None  # the fencing epoch, once this handle acquired the store as its controller
@@ -511,11 +539,17 @@ class SqliteMetadataStore:
             self._conn.execute(f"PRAGMA synchronous={synchronous}")
             migrate(self._conn)
             self.verify()
+            self.run_id, self._generation = self.identity()
+            if witness is not None and not self._created:
+                self._check_witness(witness)
+            self._files = self._file_ids()
         except UnicodeDecodeError as exc:  # text SQLite hands back that is not UTF-8 (the schema, a value)
             self._conn.close()
             raise StoreDamaged(self.path, f"text that is not UTF-8: {exc}") from exc
         except sqlite3.Error as exc:
             self._conn.close()
+            if "unable to open" in str(exc) or "readonly" in str(exc):  # a race with check_writable, or a mount
+                raise StoreNotWritable(self.path, f"SQLite: {exc}") from exc
             if _is_damage(exc):
                 raise StoreDamaged(self.path, f"SQLite cannot open it: {exc}") from exc
             raise
@@ -549,6 +583,7 @@ class SqliteMetadataStore:
         if schema != expected:
             differ = sorted({r[1] for r in set(schema) ^ set(expected)})
             raise StoreDamaged(self.path, f"its schema differs from the one this code creates (in {differ})")
+        self.identity()
         devices = self.devices()
         transitions = self.transitions()
         self.events()
@@ -573,21 +608,119 @@ class SqliteMetadataStore:
                 raise StoreDamaged(self.path, f"table {table}, row {row[0]!r}: {exc}") from None
         return out
 
+    # -- identity (design D31) -----------------------------------------------------------------
+    def identity(self) -> tuple[str, int]:
+        """The store's run id and generation: which run's store this is, and how many writes it committed.
+
+        The run id is drawn when the store is created (or migrated to v5); every committed write transaction adds 1
+        to the generation. An operator compares them with the lock file's ``run_id``/``generation`` (design D31).
+        """
+        # deps: none
+        rows = self._read("identity")
+        if len(rows) != 1:
+            raise StoreDamaged(self.path, f"it has {len(rows)} identity rows instead of one")
+        return rows[0]
+
+    def _check_witness(self, witness: Mapping[str, Any]) -> None:
+        """Refuse a store that is not the one the lock file says the last controller committed.
+
+        A store AHEAD of the lock file is accepted: a controller killed between its commit and the mirror.
+        """
+        lock = f"{self.path}.lock"
+        run_id, generation = witness.get("run_id"), witness.get("generation")
+        if not isinstance(run_id, str) or not isinstance(generation, int):
+            return  # no controller committed with this code yet (a new lock file, or one from before schema v5)
+        if run_id != self.run_id:
+            raise StoreDamaged(self.path, f"it is the store of run {self.run_id}, but the lock file {lock} says this "
+                                          f"path holds run {run_id}: another run's store (with the same pool or not) "
+                                          "was put in its place")
+        if generation > self._generation:
+            raise StoreDamaged(self.path, f"it is at generation {self._generation}, but the last controller committed "
+                                          f"generation {generation} (lock file {lock}): it is an older copy that lacks "
+                                          f"the last {generation - self._generation} commits (a restored backup, or a "
+                                          f"deleted or lost -wal file). To accept losing them, delete {lock} and open "
+                                          "it again")
+
+    def _file_ids(self) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None] | None:
+        """(device, inode, ctime, size) of the store file and of its -wal (None when absent); None in memory.
+
+        Only this process writes them while it is the controller (SQLite checkpoints on the committing
+        connection), so a change between its commits is another writer: a file replaced, restored or deleted.
+        """
+        if self.path == ":memory:":
+            return None
+        out: list[tuple[int, ...] | None] = []
+        for file in (self.path, f"{self.path}-wal"):
+            try:
+                st = os.stat(file)
+            except FileNotFoundError:
+                out.append(None)
+            else:
+                out.append((st.st_dev, st.st_ino, st.st_ctime_ns, st.st_size))
+        return out[0], out[1]
+
+    def _check_files(self, *, written: bool = False) -> None:
+        """Inside a write transaction: the store file and its -wal are the ones this handle opened (and, when
+        ``written``, as this controller left them at its last commit)."""
+        if self._files is None:
+            return
+        (main, wal), (now_main, now_wal) = self._files, self._file_ids()  # type: ignore[misc]
+        assert main is not None
+        if now_main is None or now_main[:2] != main[:2]:
+            now = "gone" if now_main is None else f"now {now_main[0]}/{now_main[1]}"
+            raise StoreDamaged(self.path, f"the file at this path is not the one this controller opened (device/inode "
+                                          f"{main[0]}/{main[1]}, {now}): it was replaced or deleted under the live "
+                                          "controller, so this write was refused and nothing was written")
+        if wal is not None and (now_wal is None or now_wal[:2] != wal[:2]):
+            raise StoreDamaged(self.path, f"its -wal file {self.path}-wal was deleted or replaced under the live "
+                                          "controller (the commits since the last checkpoint are in the one this "
+                                          "controller opened), so this write was refused and nothing was written")
+        if written:  # the one writer: any other change to the files is not its own
+            for name, before, now in (("file", main, now_main), ("-wal file", wal, now_wal)):
+                if before is not None and now != before:
+                    raise StoreDamaged(self.path, f"its {name} was changed by another writer since this controller's "
+                                                  f"last commit (ctime/size {before[2:]} -> {now[2:] if now else None}"
+                                                  "): restored or rewritten in place under the live controller, its "
+                                                  "tables would mix two stores; this write was refused")
+
     # -- plumbing ---------------------------------------------------------------------------
     @contextmanager
-    def _write(self, event: EventDraft | None = None) -> Iterator[sqlite3.Connection]:
-        """One write transaction; the event (if any) is appended inside it, so it commits with the change."""
+    def _write(self, event: EventDraft | None = None, *, fenced: bool = True) -> Iterator[sqlite3.Connection]:
+        """One write transaction; the event (if any) is appended inside it, so it commits with the change.
+
+        Before the change (inside ``BEGIN IMMEDIATE``, so nothing moves meanwhile): the files are the ones this
+        handle opened (two ``stat``), the identity row is this store's (one small read), and the controller's fence.
+        The commit bumps the generation and mirrors it into the lock file (design D31).
+        """
         self._conn.execute("BEGIN IMMEDIATE")
         try:
-            self._check_fence()
+            self._check_files()
+            run_id, generation = self.identity()
+            if run_id != self.run_id:
+                raise StoreDamaged(self.path, f"it is now the store of run {run_id}, not of run {self.run_id} that this "
+                                              "controller opened: replaced under the live controller; this write was "
+                                              "refused")
+            if fenced:
+                self._check_fence()
+            if self._epoch is not None:  # the fence passed: no other controller wrote since this one's last commit
+                self._check_files(written=True)
+            if self._epoch is not None and generation != self._generation:
+                raise StoreDamaged(self.path, f"it is at generation {generation}, but this controller's last commit "
+                                              f"was generation {self._generation}: the file was replaced or rolled "
+                                              "back under the live controller; this write was refused")
             yield self._conn
             if event is not None:
                 self._insert_event(event)
+            self._conn.execute("UPDATE identity SET generation = generation + 1 WHERE id = 1")
         except BaseException:
             if self._conn.in_transaction:  # SQLite may have rolled back already (a damaged page)
                 self._conn.execute("ROLLBACK")
             raise
         self._conn.execute("COMMIT")
+        self._generation = generation + 1
+        self._files = self._file_ids()
+        if self._lock is not None:
+            self._lock.record(self.run_id, self._generation)
 
     def _check_fence(self) -> None:
         """Inside a write transaction: refuse the write unless this handle is the store's current controller."""
@@ -599,6 +732,10 @@ class SqliteMetadataStore:
             raise StaleController(f"store {self.path}: this handle is not its controller (the store is held by "
                                   f"{row[1]}, epoch {row[0]}); only the controller writes: read only, or go through "
                                   "the ResourceManager that holds the store")
+        if row[0] < self._epoch:
+            raise StoreDamaged(self.path, f"its controller epoch is {row[0]}, older than this controller's {self._epoch}: "
+                                          "the file was replaced by an older copy under the live controller; this "
+                                          "write was refused")
         if row[0] != self._epoch:
             raise StaleController(f"store {self.path}: this controller (epoch {self._epoch}) is stale: {row[1]} took the "
                                   f"store over at epoch {row[0]}, so this write was refused and nothing changed. Stop "
@@ -632,17 +769,22 @@ class SqliteMetadataStore:
         check.non_empty("holder", holder, exc=ResourceError)  # generated #aa15354e23
         if self.path != ":memory:" and self._lock is None:
             lock = ControllerLock(self.path)
-            lock.acquire(holder)
+            previous = lock.acquire(holder)
+            try:
+                # under the lock, again: a controller may have committed since this handle opened the store
+                self._generation = self.identity()[1]
+                if not self._created:
+                    self._check_witness(previous)
+                # the witness now speaks of this store (a new store's lock file may still name a moved-aside one)
+                lock.record(self.run_id, self._generation)
+            except BaseException:
+                lock.release()
+                raise
             self._lock = lock
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            self._conn.execute("INSERT INTO controller (id, epoch, holder) VALUES (1, 1, ?) "
-                               "ON CONFLICT(id) DO UPDATE SET epoch = epoch + 1, holder = excluded.holder", (holder,))
-            epoch = self._conn.execute("SELECT epoch FROM controller WHERE id = 1").fetchone()[0]
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        self._conn.execute("COMMIT")
+        with self._write(fenced=False) as conn:
+            conn.execute("INSERT INTO controller (id, epoch, holder) VALUES (1, 1, ?) "
+                         "ON CONFLICT(id) DO UPDATE SET epoch = epoch + 1, holder = excluded.holder", (holder,))
+            epoch = conn.execute("SELECT epoch FROM controller WHERE id = 1").fetchone()[0]
         self._epoch = epoch
         return epoch
 
@@ -843,7 +985,7 @@ class SqliteMetadataStore:
 
 for _name in ("schema_version", "acquire_controller", "devices", "init_devices", "claim", "release", "begin_transition",
               "set_phase", "commit_transition", "open_transition", "transitions", "transition_reason", "put_worker",
-              "workers", "put_service", "services", "append_event", "events", "last_event_seq", "snapshot", "verify"):
+              "workers", "put_service", "services", "append_event", "events", "last_event_seq", "snapshot", "verify", "identity"):
     setattr(SqliteMetadataStore, _name, _sqlite_damage_is_store_damage(getattr(SqliteMetadataStore, _name)))
 
 
