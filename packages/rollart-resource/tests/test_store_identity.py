@@ -9,6 +9,7 @@ error named no file).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -22,7 +23,7 @@ import pytest
 
 from rollart.resource.integrity import StoreDamaged, StoreNotWritable, install_checksum_function
 from rollart.resource.manager import ResourceManager
-from rollart.resource.store import SqliteMetadataStore
+from rollart.resource.store import SqliteMetadataStore, migrate
 
 POOL = {"H20": range(0, 6)}
 
@@ -213,3 +214,22 @@ def test_a_read_only_store_is_refused_naming_the_path(tmp_path, case):
     assert out.startswith(f"StoreNotWritable metadata store {path} cannot be written: "), out
     assert ("read-only for this process" in out) and str(target) in out
     assert StoreNotWritable.__name__ in out
+
+
+def test_a_v4_store_and_its_old_lock_file_migrate_to_an_identity(tmp_path):
+    """A store written before schema v5, with a lock file naming only its holder, opens and gets its identity."""
+    path = tmp_path / "meta.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    migrate(conn, target=4)
+    conn.execute("INSERT INTO devices (id, hw, role, owner) VALUES (0, 'H20', 'rollout', 'gen')")
+    conn.close()
+    Path(f"{path}.lock").write_text('{"holder": "a controller of the old code"}')
+    rm = ResourceManager(None, store=path)
+    run_id, generation = rm.store.identity()
+    assert rm.store.schema_version() == 5 and len(run_id) == 32 and generation == 1  # the epoch write
+    assert roles(rm) == {0: ("rollout", "gen")}
+    rm.close()
+    record = json.loads(Path(f"{path}.lock").read_text())
+    assert record["run_id"] == run_id and record["generation"] == generation
+    ResourceManager(None, store=path).close()
