@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import builtins
 import json
+import logging
 import operator
 import re
 import secrets
@@ -27,6 +28,7 @@ from rollart.env.envs.sandbox import PythonSandbox, SandboxLimits
 from rollart.env.errors import EnvError
 from rollart.env.protocols import ResetResult, StepResult
 
+log = logging.getLogger(__name__)
 SYSTEM_PROMPT = "Write the requested Python function in a ```python code block."
 _CODE_RE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 
@@ -374,8 +376,13 @@ class CodeSandboxEnv:
     times than by passing once).
     """
 
-    def __init__(self, limits: SandboxLimits | None = None, max_attempts: int = 2) -> None:
-        """Load the shipped tasks; every run uses a fresh sandbox process under `limits`."""
+    def __init__(self, limits: SandboxLimits | None = None, max_attempts: int = 2, allow_unisolated: bool = False) -> None:
+        """Load the shipped tasks; every run uses a fresh sandbox process under `limits`.
+
+        `allow_unisolated=True` accepts the process fallback, where a run can read world-readable
+        files such as the installed task data (tests and expected values): without it the env
+        refuses to reset or step in that mode, since a policy would learn to read the answers.
+        """
         # VAL: VAL_INT_RANGE(max_attempts, min=1, max=100, exc=EnvError)
         check.int_range("max_attempts", max_attempts, min=1, max=100, exc=EnvError)  # generated #a45e7ff5a7
         self.name = "code_sandbox"
@@ -388,9 +395,32 @@ class CodeSandboxEnv:
         self._task_tests: list[CodeTest] = []
         self._attempts = 0
         self._best = 0.0
+        self.allow_unisolated = allow_unisolated
+        self._containment_checked = False
+
+    async def _check_containment(self) -> None:
+        """Refuse (or, when opted in, warn once about) a containment that shows the task data to the run."""
+        if self._containment_checked:
+            return
+        containment = await self.sandbox.containment()
+        if containment != "bwrap":
+            if not self.allow_unisolated:
+                raise EnvError(
+                    f"code tasks need bubblewrap containment, got {containment!r}: in the process fallback a run can "
+                    "read the installed task data (tests and expected values); install bubblewrap "
+                    "(scripts/install_bubblewrap.sh) or pass allow_unisolated=True (env_args) to accept that"
+                )
+            log.warning(
+                "code env runs unisolated (%s containment, allow_unisolated=True): programs can read the task data "
+                "and any world-readable file; rewards are not trustworthy against a policy that looks",
+                containment,
+            )
+        self._containment_checked = True
 
     async def reset(self, seed: int | None = None) -> ResetResult:
-        """Pick the task for `seed`."""
+        """Pick the task for `seed` (after checking, once, that the sandbox hides the task data)."""
+        # deps: CodeSandboxEnv._check_containment
+        await self._check_containment()
         index = (seed or 0) % len(self._tasks)
         self._task, self._task_tests = self._tasks[index], self._tests[index]
         self._attempts = 0
@@ -399,7 +429,8 @@ class CodeSandboxEnv:
 
     async def step(self, action: str) -> StepResult:
         """Run the code block's test expressions in the sandbox; grade them here; reward = improvement."""
-        # deps: extract_code, build_harness, PythonSandbox.run, grade_results
+        # deps: CodeSandboxEnv._check_containment, extract_code, build_harness, PythonSandbox.run, grade_results
+        await self._check_containment()
         # AST: AST_PRECONDITION(self._task is not None, got=self._task, msg="reset before step", exc=EnvError)
         check.precondition(self._task is not None, "reset before step", got=self._task, exc=EnvError)  # generated #b0c8eb163c
         self._attempts += 1

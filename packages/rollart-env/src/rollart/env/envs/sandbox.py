@@ -33,7 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollart import checks as check
-from rollart.env.envs.sandbox_os import SANDBOX_ROOT, UidLease, bwrap_argv, bwrap_returncode, kill_uid, lease_uid
+from rollart.env.envs.sandbox_os import (
+    SANDBOX_ROOT,
+    UidLease,
+    bwrap_argv,
+    bwrap_returncode,
+    kill_uid,
+    lease_uid,
+    remove_files_of,
+)
 from rollart.env.errors import EnvError
 
 log = logging.getLogger(__name__)
@@ -223,6 +231,7 @@ class PythonSandbox:
                 script = [f"{SANDBOX_ROOT}/{boot.name}", f"{SANDBOX_ROOT}/{sol.name}"]
                 argv = bwrap_argv(self._bwrap or "bwrap", workdir, self.python, ["-I", "-S", "-B", *script], env)
             else:
+                env["TMPDIR"] = workdir  # `tempfile` and most tools write here, removed with the run
                 argv = [self.python, "-I", "-S", "-B", str(boot), str(sol)]
             new_netns = containment == "process" and isolation == "netns"
             r_out, w_out = os.pipe()
@@ -247,6 +256,7 @@ class PythonSandbox:
         finally:
             if lease is not None:
                 if await kill_uid(lease.uid):
+                    remove_files_of(lease.uid)  # what it wrote in /tmp, /var/tmp, /dev/shm (process mode)
                     lease.release()
                 else:  # keep the uid leased (the lock stays held) rather than hand a live process to the next run
                     log.error("sandbox uid %d still has processes after the kill sweep; uid withheld", lease.uid)

@@ -8,11 +8,13 @@ and tested on its own. Nothing here trusts the program under test.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import random
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -25,6 +27,10 @@ RUN_UID_BASE = 612_000
 RUN_UID_COUNT = 4096
 SANDBOX_ROOT = "/sandbox"
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+SHARED_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+# Installed packages (and the task data they may ship) inside the visible system and interpreter
+# directories; the sandboxed interpreter runs with -I -S and needs none of them.
+_PACKAGE_DIR_GLOBS = ("lib/python3*/site-packages", "lib/python3*/dist-packages", "local/lib/python3*/dist-packages")
 
 
 @dataclass
@@ -132,11 +138,58 @@ def bwrap_argv(bwrap: str, workdir: str, python: str, argv: list[str], env: dict
     prefix = str(Path(os.path.realpath(python)).parent.parent)
     if not any(prefix == d or prefix.startswith(d + "/") for d in _SYSTEM_DIRS):
         args += ["--ro-bind", prefix, prefix]
+    for d in _package_dirs(prefix):  # hidden under an empty read-only tmpfs: no installed task data
+        args += ["--tmpfs", d, "--remount-ro", d]
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", workdir, SANDBOX_ROOT]
     args += ["--chdir", SANDBOX_ROOT, "--hostname", "sandbox", "--clearenv"]
     for key, value in env.items():
         args += ["--setenv", key, value]
     return [*args, "--", python, *argv]
+
+
+def _package_dirs(prefix: str) -> list[str]:
+    """The site-/dist-packages directories visible in the sandbox (under /usr and the interpreter's prefix)."""
+    found: set[str] = set()
+    for base in ("/usr", prefix):
+        for pattern in _PACKAGE_DIR_GLOBS:
+            found.update(str(p) for p in Path(base).glob(pattern) if p.is_dir() and not p.is_symlink())
+    return sorted(found)
+
+
+def remove_files_of(uid: int, roots: tuple[str, ...] = SHARED_TMP_DIRS) -> list[str]:
+    """Delete what `uid` left in the shared temporary directories; return the paths removed.
+
+    Why by owner: a run's uid is leased to that run alone (`lease_uid`), so a file it owns was written
+    by this run and nothing else, and another process's file is never touched. Only world-writable
+    directories are searched below the roots (the only places that uid could create anything in a
+    directory it does not own); symlinks are never followed. Call after `kill_uid`, so nothing of the
+    run can write while the sweep runs.
+    """
+    # AST: AST_PRECONDITION(RUN_UID_BASE <= uid < RUN_UID_BASE + RUN_UID_COUNT, got=uid, msg="only a leased run uid's files are removed", exc=EnvError)
+    check.precondition(RUN_UID_BASE <= uid < RUN_UID_BASE + RUN_UID_COUNT, "only a leased run uid's files are removed", got=uid, exc=EnvError)  # generated #4289b3ac79
+    removed: list[str] = []
+    pending = [r for r in roots if os.path.isdir(r) and not os.path.islink(r)]
+    while pending:
+        directory = pending.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if st.st_uid == uid:
+                if stat.S_ISDIR(st.st_mode):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
+                removed.append(entry.path)
+            elif stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH:
+                pending.append(entry.path)
+    return removed
 
 
 def bwrap_returncode(rc: int | None) -> int | None:
