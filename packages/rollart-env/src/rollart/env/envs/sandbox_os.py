@@ -122,12 +122,20 @@ async def kill_uid(uid: int, attempts: int = 20) -> bool:
     return not live_processes_of(uid)
 
 
-def bwrap_argv(bwrap: str, workdir: str, python: str, argv: list[str], env: dict[str, str]) -> list[str]:
+def bwrap_argv(
+    bwrap: str, workdir: str, python: str, argv: list[str], env: dict[str, str], disk_bytes: int = 64 * 1024 * 1024
+) -> list[str]:
     """The bubblewrap command line: new user/PID/net/IPC/UTS/cgroup namespaces, a read-only system,
-    the run's own work directory at `/sandbox`, a private `/tmp`, no capabilities, no host environment.
+    the run's own writable tmpfs at `/sandbox` (also its `/tmp`), no capabilities, no host environment.
 
     Only the system directories and the interpreter's prefix are visible: the repository, other
-    runs' directories and the task data are not in the sandbox's file system at all.
+    runs' directories and the task data are not in the sandbox's file system at all, and every
+    site-/dist-packages directory is an empty read-only tmpfs. Everything the run can write lives in
+    one tmpfs of `disk_bytes` (`/sandbox`, with `/tmp` a link into it; `/dev` is read-only, so
+    `/dev/shm` is not a second, unbounded store): a run cannot fill the host disk, and its files are
+    RAM that vanishes with it. The files of `workdir` (bootstrap, solution) are bound read-only into
+    it. The interpreter's prefix is bound after `/tmp` exists, so an interpreter under `/tmp` stays
+    visible.
     """
     args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     for d in _SYSTEM_DIRS:
@@ -135,12 +143,18 @@ def bwrap_argv(bwrap: str, workdir: str, python: str, argv: list[str], env: dict
             args += ["--symlink", os.readlink(d), d]
         elif os.path.isdir(d):
             args += ["--ro-bind", d, d]
+    args += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
+    args += ["--size", str(disk_bytes), "--tmpfs", SANDBOX_ROOT, "--dir", f"{SANDBOX_ROOT}/.tmp"]
+    args += ["--symlink", f"{SANDBOX_ROOT}/.tmp", "/tmp"]
     prefix = str(Path(os.path.realpath(python)).parent.parent)
     if not any(prefix == d or prefix.startswith(d + "/") for d in _SYSTEM_DIRS):
-        args += ["--ro-bind", prefix, prefix]
+        mount_at = prefix if not (prefix == "/tmp" or prefix.startswith("/tmp/")) else SANDBOX_ROOT + "/.tmp" + prefix[4:]
+        args += ["--ro-bind", prefix, mount_at]
     for d in _package_dirs(prefix):  # hidden under an empty read-only tmpfs: no installed task data
-        args += ["--tmpfs", d, "--remount-ro", d]
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", workdir, SANDBOX_ROOT]
+        at = d if not d.startswith("/tmp/") else SANDBOX_ROOT + "/.tmp" + d[4:]
+        args += ["--tmpfs", at, "--remount-ro", at]
+    for name in sorted(os.listdir(workdir)):
+        args += ["--ro-bind", os.path.join(workdir, name), f"{SANDBOX_ROOT}/{name}"]
     args += ["--chdir", SANDBOX_ROOT, "--hostname", "sandbox", "--clearenv"]
     for key, value in env.items():
         args += ["--setenv", key, value]
