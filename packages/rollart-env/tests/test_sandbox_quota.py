@@ -95,6 +95,31 @@ async def test_dev_shm_is_not_a_second_unbounded_store():
     assert "STOPPED" in result.stdout and _written(result.stdout) == 0, result
 
 
+async def test_nothing_outside_the_quota_is_writable():
+    """bubblewrap's root is a tmpfs of its own: writable, it was a store of unbounded size (RAM)."""
+    sandbox = await _bwrap_sandbox()
+    code = (
+        "import os\n"
+        "for p in ('/x', '/var/x', '/run/x', '/etc/x', '/root/x', '/home/x', '/dev/x', '/dev/shm/x', '/usr/x'):\n"
+        "    try:\n"
+        "        os.makedirs(os.path.dirname(p), exist_ok=True)\n"
+        "        open(p, 'w').write('a')\n"
+        "        print('WROTE', p)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "try:\n"  # the /tmp link is in the read-only root (what it points to is the run's own, in the quota)
+        "    os.rename('/tmp', '/tmp-moved')\n"
+        "    print('MOVED /tmp')\n"
+        "except OSError:\n"
+        "    pass\n"
+        "open('/tmp/ok', 'w').write('a')\n"
+        "open('/dev/null', 'w').write('a')\n"
+        "print('DONE')\n"
+    )
+    result = await sandbox.run(code)
+    assert result.stdout == "DONE\n", result
+
+
 @pytest.fixture
 def interpreter_under_tmp():
     """A Python whose whole prefix lives under /tmp (hard links of the system's, so nothing is copied)."""

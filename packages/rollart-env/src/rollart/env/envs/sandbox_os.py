@@ -131,8 +131,9 @@ def bwrap_argv(
     Only the system directories and the interpreter's prefix are visible: the repository, other
     runs' directories and the task data are not in the sandbox's file system at all, and every
     site-/dist-packages directory is an empty read-only tmpfs. Everything the run can write lives in
-    one tmpfs of `disk_bytes` (`/sandbox`, with `/tmp` a link into it; `/dev` is read-only, so
-    `/dev/shm` is not a second, unbounded store): a run cannot fill the host disk, and its files are
+    one tmpfs of `disk_bytes` (`/sandbox`, with `/tmp` a link into it; `/dev` and bubblewrap's own
+    root tmpfs are read-only, so neither `/dev/shm` nor `/var`, `/etc`, ... is a second, unbounded
+    store): a run cannot fill the host disk, and its files are
     RAM that vanishes with it. The files of `workdir` (bootstrap, solution) are bound read-only into
     it. The interpreter's prefix is bound after `/tmp` exists, so an interpreter under `/tmp` stays
     visible.
@@ -155,6 +156,7 @@ def bwrap_argv(
         args += ["--tmpfs", at, "--remount-ro", at]
     for name in sorted(os.listdir(workdir)):
         args += ["--ro-bind", os.path.join(workdir, name), f"{SANDBOX_ROOT}/{name}"]
+    args += ["--remount-ro", "/"]  # bwrap's root is a tmpfs the run could otherwise fill past the quota
     args += ["--chdir", SANDBOX_ROOT, "--hostname", "sandbox", "--clearenv"]
     for key, value in env.items():
         args += ["--setenv", key, value]
