@@ -3,8 +3,8 @@
 Two containment modes (design D7, threat model in design/rollart-env.md and docs/security.md):
 
 * `bwrap` (preferred; Debian package `bubblewrap`): the run gets new user, PID, network, IPC, UTS
-  and cgroup namespaces, sees only the read-only system directories, its own work directory and a
-  private `/tmp`, and holds no capability. Every descendant dies with the namespace's init when
+  and cgroup namespaces, sees only the read-only system directories and one tmpfs of
+  `disk_bytes` for all it writes (its work directory and `/tmp`, design D27), and holds no capability. Every descendant dies with the namespace's init when
   the run ends (double-forked `setsid` children included); only a downed-by-default loopback exists.
 * `process` (fallback when bubblewrap is missing or cannot create namespaces): a plain child in a
   new session, with a network namespace when the kernel allows (root), rlimits, and, as root, a
@@ -33,11 +33,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollart import checks as check
-from rollart.env.envs.sandbox_os import SANDBOX_ROOT, UidLease, bwrap_argv, bwrap_returncode, kill_uid, lease_uid
+from rollart.env.envs.sandbox_os import (
+    SANDBOX_ROOT,
+    UidLease,
+    bwrap_argv,
+    bwrap_returncode,
+    kill_uid,
+    lease_uid,
+    remove_files_of,
+)
 from rollart.env.errors import EnvError
 
 log = logging.getLogger(__name__)
-SANDBOX_STATUSES = frozenset({"ok", "error", "timeout", "cpu_limit", "memory_limit", "output_limit", "blocked", "killed"})
+SANDBOX_STATUSES = frozenset(
+    {"ok", "error", "timeout", "cpu_limit", "memory_limit", "output_limit", "disk_limit", "blocked", "killed"}
+)
 SANDBOX_MODES = ("auto", "bwrap", "process")
 NOBODY = 65534
 _CLONE_NEWNET = 0x40000000
@@ -74,6 +84,7 @@ class SandboxLimits:
     memory_bytes: int = 256 * 1024 * 1024
     output_bytes: int = 64 * 1024
     file_bytes: int = 1024 * 1024
+    disk_bytes: int = 64 * 1024 * 1024  # all a bwrap run writes (work dir, /tmp): one tmpfs, i.e. RAM
     max_processes: int = 64
     open_files: int = 64
 
@@ -86,6 +97,8 @@ class SandboxLimits:
         check.int_range("memory_bytes", self.memory_bytes, min=32 * 1024 * 1024, max=2**40, exc=EnvError)  # generated #445ff7b598
         # VAL: VAL_INT_RANGE(self.output_bytes, min=1, max=2**30, exc=EnvError)
         check.int_range("output_bytes", self.output_bytes, min=1, max=2**30, exc=EnvError)  # generated #a32bafeee0
+        # VAL: VAL_INT_RANGE(self.disk_bytes, min=1024 * 1024, max=2**40, exc=EnvError)
+        check.int_range("disk_bytes", self.disk_bytes, min=1024 * 1024, max=2**40, exc=EnvError)  # generated #43d756dc61
         pass
 
 
@@ -221,8 +234,11 @@ class PythonSandbox:
             if containment == "bwrap":
                 env["HOME"] = SANDBOX_ROOT
                 script = [f"{SANDBOX_ROOT}/{boot.name}", f"{SANDBOX_ROOT}/{sol.name}"]
-                argv = bwrap_argv(self._bwrap or "bwrap", workdir, self.python, ["-I", "-S", "-B", *script], env)
+                argv = bwrap_argv(
+                    self._bwrap or "bwrap", workdir, self.python, ["-I", "-S", "-B", *script], env, self.limits.disk_bytes
+                )
             else:
+                env["TMPDIR"] = workdir  # `tempfile` and most tools write here, removed with the run
                 argv = [self.python, "-I", "-S", "-B", str(boot), str(sol)]
             new_netns = containment == "process" and isolation == "netns"
             r_out, w_out = os.pipe()
@@ -247,6 +263,7 @@ class PythonSandbox:
         finally:
             if lease is not None:
                 if await kill_uid(lease.uid):
+                    remove_files_of(lease.uid)  # what it wrote in /tmp, /var/tmp, /dev/shm (process mode)
                     lease.release()
                 else:  # keep the uid leased (the lock stays held) rather than hand a live process to the next run
                     log.error("sandbox uid %d still has processes after the kill sweep; uid withheld", lease.uid)
@@ -342,6 +359,8 @@ class PythonSandbox:
             status = "cpu_limit"
         elif "MemoryError" in stderr:
             status = "memory_limit"
+        elif "No space left on device" in stderr or "File too large" in stderr:
+            status = "disk_limit"  # the run's tmpfs quota (bwrap) or the per-file cap (RLIMIT_FSIZE)
         elif rc is None or rc == -signal.SIGKILL:
             status = "killed"
         elif "PermissionError: sandbox:" in stderr:
