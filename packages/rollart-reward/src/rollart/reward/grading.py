@@ -105,7 +105,7 @@ class GradingPool:
             worker.proc.join(5)
 
     async def _take(self) -> _Worker:
-        if self._idle:
+        with contextlib.suppress(IndexError):  # pop, not check-then-pop: loops in other threads share the list
             return self._idle.pop()
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(None, self._spawn)
