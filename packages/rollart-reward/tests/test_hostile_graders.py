@@ -74,7 +74,11 @@ def test_deep_nesting_and_long_answers_are_refused():
 # --- D27: answer and calc extraction linear in the text ---------------------------------------------
 
 pieces = st.sampled_from(["<answer>", "</answer>", "<answer", "answer>", "<", ">", "\\boxed{", "{", "}", "x", " "])
-hostile = st.builds(lambda parts, n: "".join(parts) * n, st.lists(pieces, min_size=1, max_size=6), st.integers(1, 20_000))
+# opening tags without a close are what made the old regexes quadratic: half the inputs are made of those only
+unclosed = st.sampled_from(["<answer>", "<answer", "\\boxed{", "{", "x", " "])
+hostile = st.builds(lambda parts, n: "".join(parts) * n,
+                    st.one_of(st.lists(pieces, min_size=1, max_size=6), st.lists(unclosed, min_size=1, max_size=4)),
+                    st.integers(1, 20_000))
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
