@@ -77,6 +77,7 @@ def test_score_batch_answers_stuck_items_timeout_and_releases_their_claims(tmp_p
 
     class Mixed:
         name = "mixed"
+        runs_on_loop = True  # the path under test: cancellation on the service's loop (off-loop rewards: D29)
 
         async def score(self, trajectory):
             kind = trajectory.info["kind"]

@@ -33,6 +33,8 @@ FUNCTION_ENV = "ROLLART_REWARD_FUNCTION"
 class FunctionReward:
     """A `RewardFn` over a plain function (sync or async) returning a float or a `RewardResult`."""
 
+    runs_on_loop = False  # the user function may block (time.sleep): the service runs it in a thread (D29)
+
     def __init__(self, name: str, fn: Callable[[Trajectory], Any]) -> None:
         """Serve `fn` under `name`."""
         # VAL: VAL_NON_EMPTY(name, exc=RewardError)

@@ -74,6 +74,8 @@ def parse_judge_score(text: str, low: float = 0.0, high: float = 10.0) -> float 
 class LLMJudgeReward:
     """Scores a trajectory by asking a judge model; the score is normalised to [0, 1]."""
 
+    runs_on_loop = True  # never blocks the event loop (service D29)
+
     def __init__(
         self,
         client: LLMClient,

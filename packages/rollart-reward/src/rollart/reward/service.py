@@ -18,10 +18,12 @@ import asyncio
 import contextlib
 import hmac
 import importlib
+import inspect
 import json
 import logging
 import math
 import os
+import threading
 import uuid
 from collections import Counter
 from typing import Any, Literal
@@ -36,6 +38,7 @@ from rollart import checks as check
 from rollart.env.trajectory import Trajectory
 from rollart.reward.cache import Claim, ResultCache
 from rollart.reward.errors import RewardError
+from rollart.reward.grading import close_shared_pool
 from rollart.reward.protocol import RewardFn, RewardRegistry
 from rollart.reward.rules import EnvSuccessReward, FormatReward, MathAnswerReward
 
@@ -46,6 +49,10 @@ MAX_WORKERS = 64  # uvicorn processes of one deployment (the command lines check
 # What a /v1/score answer may take past the request's deadline (D24): serializing the results and
 # cancelling what did not finish; a client reading with a timeout of answer_bound_s(...) is never cut off.
 ANSWER_MARGIN_S = 1.0
+# Reward calls running in their own thread (D29) at once in one worker process; past this, an item
+# is answered `busy`: threads stuck in blocking code cannot be killed, only bounded.
+MAX_REWARD_THREADS = 64
+_REWARD_THREADS = threading.BoundedSemaphore(MAX_REWARD_THREADS)
 
 
 class ServiceConfig(BaseModel):
@@ -56,7 +63,7 @@ class ServiceConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     workers: int = Field(default=2, ge=1, le=MAX_WORKERS)
-    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)  # D29: was 8 MiB
     max_items: int = Field(default=1024, ge=1)
     max_concurrency: int = Field(default=32, ge=1)
     item_timeout_s: float = Field(default=30.0, gt=0)
@@ -219,6 +226,7 @@ def create_app(registry: RewardRegistry, config: ServiceConfig) -> FastAPI:
     async def lifespan(_app: FastAPI):
         yield
         cache.close()
+        close_shared_pool()
 
     app = FastAPI(title="rollart reward service", version="1", docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json", lifespan=lifespan)
@@ -372,8 +380,12 @@ async def score_item(fn: RewardFn, cache: ResultCache, item: ScoreItem, timeout_
         if loop.time() + 0.05 > deadline:
             return ItemResult(key=item.key, status="busy", error="another worker is scoring this key")
         await asyncio.sleep(0.05)
+    if not runs_on_loop(fn) and not _REWARD_THREADS.acquire(blocking=False):
+        await asyncio.to_thread(cache.release, item.key)
+        return ItemResult(key=item.key, status="busy", error=f"{MAX_REWARD_THREADS} reward calls still running")
+    call = fn.score(item.trajectory) if runs_on_loop(fn) else _score_in_thread(fn, item.trajectory)
     try:
-        result = await asyncio.wait_for(fn.score(item.trajectory), timeout=max(1e-3, deadline - loop.time()))
+        result = await asyncio.wait_for(call, timeout=max(1e-3, deadline - loop.time()))
     except TimeoutError:
         await asyncio.to_thread(cache.release, item.key)
         return ItemResult(key=item.key, status="timeout", error=f"reward did not finish within {timeout_s:.3g} s")
@@ -386,6 +398,58 @@ async def score_item(fn: RewardFn, cache: ResultCache, item: ScoreItem, timeout_
         return ItemResult(key=item.key, status="error", error=f"{type(exc).__name__}: {exc}"[:500])
     await asyncio.to_thread(cache.complete, item.key, float(result.score), result.details)
     return ItemResult(key=item.key, status="ok", score=float(result.score), details=result.details)
+
+
+def runs_on_loop(fn: RewardFn) -> bool:
+    """Whether the service awaits `fn.score` on its event loop: only when `fn` declares `runs_on_loop = True`.
+
+    Why not every async reward (D29): one `time.sleep(40)` in a user's `async def score` held the
+    loop for 40 s; /health timed out and the item came back `ok` past its 2 s deadline. A function
+    may declare that it never blocks (the rule rewards, the judge and the function rewards here do,
+    and must then keep that promise); every other one runs in a thread of its own.
+    """
+    # deps: none
+    return bool(getattr(fn, "runs_on_loop", False)) and inspect.iscoroutinefunction(fn.score)
+
+
+def _score_in_thread(fn: RewardFn, trajectory: Trajectory) -> asyncio.Future:
+    """`fn.score(trajectory)` in a daemon thread with its own event loop (a plain `def score` works too).
+
+    Returns a future of the service's loop. Cancelling it (the deadline) cancels the coroutine in
+    its loop; code that blocks goes on in its thread, but the item is answered at the deadline, the
+    thread is a daemon (it cannot hold a shutdown) and counts against `MAX_REWARD_THREADS` until it ends.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future = loop.create_future()
+    inner: dict[str, Any] = {}
+
+    def deliver(result: Any, exc: BaseException | None) -> None:
+        if not future.done():
+            future.set_exception(exc) if exc is not None else future.set_result(result)
+
+    async def call() -> Any:
+        inner["task"], inner["loop"] = asyncio.current_task(), asyncio.get_running_loop()
+        result = fn.score(trajectory)
+        return await result if inspect.isawaitable(result) else result
+
+    def run() -> None:
+        try:
+            result, exc = asyncio.run(call()), None
+        except BaseException as err:  # noqa: BLE001 - delivered to the awaiting item, whatever it is
+            result, exc = None, err
+        finally:
+            _REWARD_THREADS.release()
+        with contextlib.suppress(RuntimeError):  # the service's loop closed meanwhile
+            loop.call_soon_threadsafe(deliver, result, exc)
+
+    def cancel_inner(f: asyncio.Future) -> None:
+        if f.cancelled() and "task" in inner:
+            with contextlib.suppress(RuntimeError):
+                inner["loop"].call_soon_threadsafe(inner["task"].cancel)
+
+    future.add_done_callback(cancel_inner)
+    threading.Thread(target=run, daemon=True, name=f"reward-{fn.name}").start()
+    return future
 
 
 def app_from_env() -> FastAPI:

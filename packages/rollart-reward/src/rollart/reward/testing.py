@@ -5,6 +5,8 @@
   file named by `ROLLART_REWARD_TEST_LOG` (so a test can count real scorings), scores len(id);
 - `hang`: never returns (only the service's deadline ends it);
 - `boom`: raises;
+- `block`: an `async def score` that blocks in `time.sleep(info["sleep_s"])` (default 40 s), what a
+  careless user function looks like; it does not declare `runs_on_loop`, so the service runs it in a thread;
 - `stubborn`: swallows the first cancellation and goes on for a minute (only the batch deadline of
   the service ends the request).
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 from rollart.env.trajectory import Trajectory
 from rollart.reward.protocol import RewardRegistry, RewardResult
@@ -23,6 +26,8 @@ LOG_ENV = "ROLLART_REWARD_TEST_LOG"
 
 class SlowRecordingReward:
     """Sleeps, records that it scored, returns len(trajectory.id)."""
+
+    runs_on_loop = True  # never blocks the event loop (service D29)
 
     name = "slow"
 
@@ -43,6 +48,8 @@ def _append(path: str, line: str) -> None:
 class HangingReward:
     """Never returns."""
 
+    runs_on_loop = True  # never blocks the event loop (service D29)
+
     name = "hang"
 
     async def score(self, trajectory: Trajectory) -> RewardResult:
@@ -53,6 +60,8 @@ class HangingReward:
 
 class StubbornReward:
     """Ignores the first cancellation: what a reward that catches every exception looks like."""
+
+    runs_on_loop = True  # never blocks the event loop (service D29)
 
     name = "stubborn"
 
@@ -69,6 +78,8 @@ class StubbornReward:
 class FailingReward:
     """Always raises."""
 
+    runs_on_loop = True  # never blocks the event loop (service D29)
+
     name = "boom"
 
     async def score(self, trajectory: Trajectory) -> RewardResult:
@@ -76,10 +87,21 @@ class FailingReward:
         raise ValueError("reward function bug")
 
 
+class BlockingReward:
+    """Blocks its thread in `time.sleep`: never cancellable, never on the service's loop."""
+
+    name = "block"
+
+    async def score(self, trajectory: Trajectory) -> RewardResult:
+        """Sleep `info['sleep_s']` (default 40 s) without yielding, then score 1."""
+        time.sleep(float(trajectory.info.get("sleep_s", 40.0)))  # noqa: ASYNC251 - the point of this reward
+        return RewardResult(score=1.0)
+
+
 def test_registry() -> RewardRegistry:
-    """The default rule rewards plus `slow`, `hang`, `stubborn` and `boom`."""
+    """The default rule rewards plus `slow`, `hang`, `stubborn`, `boom` and `block`."""
     registry = default_registry()
-    for fn in (SlowRecordingReward(), HangingReward(), StubbornReward(), FailingReward()):
+    for fn in (SlowRecordingReward(), HangingReward(), StubbornReward(), FailingReward(), BlockingReward()):
         registry.register(fn)
     return registry
 

@@ -6,7 +6,7 @@ data set or are generated from the reset seed, so every episode is reproducible.
 is put into the reset info so a reward function (or the reward service) can verify the answer.
 
 Model text is hostile input: every `step` returns an observation or a scored end, whatever the text
-(property-tested), and a final answer is graded exactly: it must be one number written out
+(property-tested) in time linear in the text (`last_tagged`, D28), and a final answer is graded exactly: it must be one number written out
 (`parse_final_number`), so hedges ("3 or 1"), expressions and overflowing literals score 0.
 """
 
@@ -30,8 +30,6 @@ SYSTEM_PROMPT = (
     "give the final answer as <answer>number</answer>."
 )
 PROBLEM_SOURCES = ("generated", "data")
-_CALC_RE = re.compile(r"<calc>(.*?)</calc>", re.DOTALL)
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 MAX_NUMERATOR = 10**30
 MAX_DENOMINATOR = 10**12
@@ -118,6 +116,25 @@ def load_problems() -> list[dict[str, str]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def last_tagged(text: str, tag: str) -> str | None:
+    """The content of the last `<tag>...</tag>` pair, in time linear in `len(text)`; None if there is none (D28).
+
+    The pairs are those `re.findall(r"<tag>(.*?)</tag>", text, re.DOTALL)` finds (each opening tag is
+    closed by the first closing tag after it, the next pair starts after that), but that regex is
+    quadratic on an opening tag repeated without a close (`"<answer>" * 10000` took 40 s), and model
+    text is hostile. Here every `str.find` starts where the last one ended, and a missing closing tag
+    ends the scan, so the work is one pass over the text.
+    """
+    opening, closing = f"<{tag}>", f"</{tag}>"
+    found, pos = None, 0
+    while (start := text.find(opening, pos)) >= 0:
+        end = text.find(closing, start + len(opening))
+        if end < 0:
+            break
+        found, pos = text[start + len(opening) : end], end + len(closing)
+    return found
+
+
 def parse_final_number(text: str) -> Fraction | None:
     """The exact value of a final answer written as one number, else None (never raises).
 
@@ -195,19 +212,19 @@ class MathCalcEnv:
         # AST: AST_PRECONDITION(self._problem is not None, got=self._problem, msg="reset before step", exc=EnvError)
         check.precondition(self._problem is not None, "reset before step", got=self._problem, exc=EnvError)  # generated #c243cfb39b
         truth = self._problem["answer"]
-        answers = _ANSWER_RE.findall(action)
-        if answers:
-            ok = answers_match(answers[-1], truth)
+        answer = last_tagged(action, "answer")
+        if answer is not None:
+            ok = answers_match(answer, truth)
             return StepResult(
                 "Correct." if ok else "Wrong answer.", 1.0 if ok else 0.0, True, False, {"success": ok}
             )
-        calls = _CALC_RE.findall(action)
-        if calls:
+        call = last_tagged(action, "calc")
+        if call is not None:
             self._tool_calls += 1
             if self._tool_calls > self.max_tool_calls:
                 return StepResult("Tool budget exhausted.", 0.0, False, True, {"success": False})
             try:
-                observation = f"Calculator: {format_number(safe_eval(calls[-1]))}"
+                observation = f"Calculator: {format_number(safe_eval(call))}"
             except CalculatorError as exc:
                 observation = f"Calculator error: {exc}"
             return StepResult(observation, 0.0, False, False, {"tool_call": True})
