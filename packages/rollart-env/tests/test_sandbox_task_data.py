@@ -50,13 +50,32 @@ async def _has_bwrap() -> bool:
     return await PythonSandbox(LIMITS).containment() == "bwrap"
 
 
-async def test_the_cheat_really_reads_the_answers_when_the_file_is_readable():
+@pytest.fixture
+def readable_task_file():
+    """A world-readable copy of the installed task file, under /tmp (mode 1777: every uid can reach it).
+
+    As root the run gets a uid of its own, and a checkout under a 0700 directory (what `mktemp -d` makes,
+    where CI clones) hides the installed file from that uid: the cheat would fail for a reason that has
+    nothing to do with isolation."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="rollart-public-", dir="/tmp"))
+    folder.chmod(0o755)
+    copy = folder / "code_tasks.jsonl"
+    copy.write_bytes(Path(TASK_FILE).read_bytes())
+    copy.chmod(0o644)
+    yield str(copy)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+async def test_the_cheat_really_reads_the_answers_when_the_file_is_readable(readable_task_file):
     """The cheat is not a straw man: with the file readable it answers all three tests."""
     env = CodeSandboxEnv(LIMITS, allow_unisolated=True)
     env.sandbox = PythonSandbox(LIMITS, mode="process")
     await env.reset(seed=0)
-    result = await env.step(_block(CHEAT))
-    assert result.info["success"] and result.reward == 1.0
+    result = await env.step(_block(CHEAT.replace(repr(TASK_FILE), repr(readable_task_file))))
+    assert result.info["success"] and result.reward == 1.0, result.info
 
 
 async def test_process_mode_refuses_code_tasks_unless_the_caller_opts_in(caplog):

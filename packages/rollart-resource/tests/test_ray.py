@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 
 import pytest
@@ -93,6 +94,23 @@ async def test_ray_dispatch_modes_and_routing(ray_rt):
     assert all(r.role == "free" for r in rm.devices().values())
 
 
+async def _kill_and_wait_dead(ray, actor, timeout_s: float = 30.0) -> None:
+    """`ray.kill` returns before the actor is gone: a ping sent right after may still be answered (a CI
+    run saw `{1: 'ok'}` where the test expected the restart). Wait until the actor really refuses calls."""
+    ray.kill(actor, no_restart=True)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        try:
+            await asyncio.wait_for(asyncio.ensure_future(actor.__ray_ready__.remote()), 5.0)
+        except ray.exceptions.RayActorError:
+            return
+        except TimeoutError:
+            pass
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the killed actor still answers after {timeout_s} s")
+
+
 async def test_ray_killed_worker_restarted_then_removed(ray_rt, ray_cluster):
     from ray.util.placement_group import placement_group_table
 
@@ -103,11 +121,11 @@ async def test_ray_killed_worker_restarted_then_removed(ray_rt, ray_cluster):
     try:
         victim = cluster._members[1]
         pg = victim.handle.placement_group
-        ray_cluster.kill(victim.handle.actor, no_restart=True)
+        await _kill_and_wait_dead(ray_cluster, victim.handle.actor)
         assert await cluster.check_health() == {0: "ok", 1: "restarted"}
         assert cluster._members[1].handle.placement_group is pg  # same bundle, same devices
         assert await cluster.compute_gradients([2]) == [(0, 2, 1.0), (1, 2, 1.0)]
-        ray_cluster.kill(cluster._members[1].handle.actor, no_restart=True)
+        await _kill_and_wait_dead(ray_cluster, cluster._members[1].handle.actor)
         with pytest.raises(WorkerFailedError, match="rt/1 died and was removed"):
             await cluster.compute_gradients([2])
         assert cluster.ranks == (0,)
