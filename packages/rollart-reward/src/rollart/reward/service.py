@@ -389,9 +389,6 @@ async def score_item(fn: RewardFn, cache: ResultCache, item: ScoreItem, timeout_
     except TimeoutError:
         await asyncio.to_thread(cache.release, item.key)
         return ItemResult(key=item.key, status="timeout", error=f"reward did not finish within {timeout_s:.3g} s")
-    except asyncio.CancelledError:  # the batch's deadline passed (score_batch): a retry may compute it
-        asyncio.get_running_loop().run_in_executor(None, cache.release, item.key)
-        raise
     except Exception as exc:
         log.warning("reward %s failed on %s", fn.name, item.key, exc_info=exc)
         await asyncio.to_thread(cache.release, item.key)
