@@ -134,13 +134,15 @@ async def start_pools(config: RunConfig, model: ModelSpec, placement: Placement,
 
     workers: list[Any] = []
     for pool in config.rollout.pools:
-        spec = EngineSpec(pool.engine, model, pool.hardware, pool.max_num_seqs, dict(pool.engine_args))
+        tp = pool.tensor_parallel_size
+        spec = EngineSpec(pool.engine, model, pool.hardware, pool.max_num_seqs, dict(pool.engine_args), tp)
         devices = placement.pools[pool.name]
         if runtime is not None and pool.engine != "sim":
             workers += await start_rollout_actors(runtime, pool.name, spec, devices)
             continue
-        for rank, device in enumerate(devices):
-            w = InferenceWorker(f"{pool.name}-{rank}", spec.build, hardware=pool.hardware, devices=(device,))
+        for rank in range(len(devices) // tp):  # an engine of TP = k spans k devices (D60)
+            group = tuple(devices[rank * tp:(rank + 1) * tp])
+            w = InferenceWorker(f"{pool.name}-{rank}", spec.build, hardware=pool.hardware, devices=group)
             await w.start()
             workers.append(w)
     return workers

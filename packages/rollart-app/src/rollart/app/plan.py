@@ -25,7 +25,7 @@ from rollart.scheduler.errors import ConfigError
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GB = 1e9
 ASSUMPTIONS = (
-    "rollout: one full weight replica per worker (no tensor parallelism); KV cache for max_num_seqs "
+    "rollout: per device, 1/tensor_parallel_size of a weight replica; KV cache (split by KV heads) for max_num_seqs "
     "sequences at the full context (engine_args.max_model_len, else the model's max positions): a worst case",
     "trainer torch: DDP, nothing sharded: weights + grads + AdamW's two moments, all in the model dtype",
     "trainer megatron: bf16 mixed precision with the distributed optimizer: weights (dtype) + fp32 main grads "
@@ -50,11 +50,19 @@ class ModelShape:
     tie_word_embeddings: bool
     qkv_bias: bool
     dtype: str
+    n_params: int | None = None  # a simulated model's published count (its MoE experts are not in the dense formula)
 
 
 def model_shape(config: RunConfig) -> ModelShape:
     """Read the shape of the configured model (config.json of a checkpoint, else the tiny demo Llama)."""
     m = config.model
+    if m.sim_model is not None:  # a simulated model: the published shape of the preset (D60)
+        from rollart.proxy.sim_engine import SIM_MODEL_SPECS
+
+        s = SIM_MODEL_SPECS[m.sim_model]
+        return ModelShape(f"simulated {s.name}", s.vocab_size, s.hidden_size, s.n_layers, s.n_heads or s.n_kv_heads,
+                          s.n_kv_heads, s.head_dim, 0, max(t.max_context_tokens for t in config.tasks), False, False,
+                          "bfloat16", n_params=int(s.n_params))
     if m.path is None:
         from rollart.app.tasks import VOCAB
 
@@ -85,6 +93,8 @@ def model_shape(config: RunConfig) -> ModelShape:
 
 def param_count(shape: ModelShape) -> int:
     """Parameters of a Llama/Qwen2-style decoder: embeddings, GQA attention, gated MLP, RMSNorms, lm_head unless tied."""
+    if shape.n_params is not None:
+        return shape.n_params
     h, q_out, kv_out = shape.hidden_size, shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
     attention = h * q_out + 2 * h * kv_out + q_out * h + ((q_out + 2 * kv_out) if shape.qkv_bias else 0)
     mlp = 3 * h * shape.intermediate_size
@@ -191,11 +201,13 @@ def _hbm(hardware: str) -> int:
     return int(BUILTIN_HARDWARE[hardware].hbm_gb * GB)
 
 
-def rollout_memory(shape: ModelShape, max_num_seqs: int, max_context: int, hardware: str) -> DeviceMemory:
-    """One rollout worker: full weights in the model dtype + KV cache for max_num_seqs x max_context tokens."""
+def rollout_memory(shape: ModelShape, max_num_seqs: int, max_context: int, hardware: str, tp: int = 1) -> DeviceMemory:
+    """One device of a rollout engine over `tp` devices: its share of the weights in the model dtype + of the KV
+    cache for max_num_seqs x max_context tokens (KV split by heads, so at most num_kv_heads ways; D60)."""
     # deps: param_count, kv_bytes_per_token
-    weights = param_count(shape) * DTYPE_BYTES[shape.dtype]
-    return DeviceMemory(weights=weights, kv_cache=kv_bytes_per_token(shape) * max_num_seqs * max_context, hbm=_hbm(hardware))
+    weights = -(-param_count(shape) * DTYPE_BYTES[shape.dtype] // tp)
+    kv = -(-kv_bytes_per_token(shape) * max_num_seqs * max_context // min(tp, shape.num_kv_heads))
+    return DeviceMemory(weights=weights, kv_cache=kv, hbm=_hbm(hardware))
 
 
 def trainer_memory(shape: ModelShape, backend: str, devices: int, hardware: str) -> DeviceMemory:
@@ -272,7 +284,7 @@ def make_plan(config: RunConfig, base_dir: Path | None = None, tokenizer: Any = 
         origin = engine_origin(pool.engine, base_dir, field=f"rollout.pools.{i}.engine")
         context = int(pool.engine_args.get("max_model_len") or shape.max_positions)
         pools.append(PoolPlan(pool.name, pool.hardware, pool.devices, pool.engine, origin, pool.max_num_seqs, context,
-                              rollout_memory(shape, pool.max_num_seqs, context, pool.hardware)))
+                              rollout_memory(shape, pool.max_num_seqs, context, pool.hardware, pool.tensor_parallel_size)))
     t = config.trainer
     trainer = TrainerPlan(t.backend, t.placement, t.devices, t.hardware, trainer_memory(shape, t.backend, t.devices, t.hardware))
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config)

@@ -74,10 +74,11 @@ class RunResult:
 
 
 def _engine_busy(workers: list[Any]) -> float:
+    """Device-seconds the engines were busy: an engine of TP = k keeps k devices busy (D60)."""
     total = 0.0
     for w in workers:
         stats = getattr(getattr(w, "engine", None), "stats", None) or {}
-        total += float(stats.get("prefill_s", 0.0)) + float(stats.get("decode_s", 0.0))
+        total += (float(stats.get("prefill_s", 0.0)) + float(stats.get("decode_s", 0.0))) * max(len(w.devices), 1)
     return total
 
 

@@ -1,0 +1,63 @@
+"""Issue 22 item 1-2 (D60-D63): tensor-parallel pools, MoE presets, trainer memory, cost per run.
+
+The parts are simulations (SimEngine, SimTrainer); nothing here asserts a wall time.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rollart.app.config import SIM_MODELS, parse_config
+from rollart.scheduler.errors import ConfigError
+
+
+def sim_config(**over) -> dict:
+    data = {
+        "pipeline": {"mode": "async", "alpha": 1, "batch_size": 8, "group_size": 4},
+        "model": {"sim_model": "Qwen3-8B"},
+        "rollout": {"pools": [{"name": "r", "hardware": "H800", "devices": 4, "engine": "sim", "tensor_parallel_size": 2}]},
+        "trainer": {"backend": "sim", "devices": 4, "hardware": "H800"},
+        "sync": {"channel": "sim"},
+        "tasks": [{"env": "synthetic", "reward": "synthetic"}],
+    }
+    for key, value in over.items():
+        data[key] = {**data[key], **value}
+    return data
+
+
+def test_tensor_parallel_size_must_divide_the_pool_and_needs_a_multi_device_engine():
+    with pytest.raises(ConfigError, match=r"rollout.pools.0.*devices must be a multiple of tensor_parallel_size=2.*got 3"):
+        parse_config(sim_config(rollout={"pools": [{"name": "r", "devices": 3, "engine": "sim", "tensor_parallel_size": 2}]}))
+    with pytest.raises(ConfigError, match=r"tensor_parallel_size: engine 'torch' runs on one device.*allowed"):
+        parse_config({"rollout": {"pools": [{"name": "r", "devices": 2, "tensor_parallel_size": 2}]}})
+    with pytest.raises(ConfigError, match="tensor_parallel_size"):
+        parse_config(sim_config(rollout={"pools": [{"name": "r", "devices": 2, "engine": "sim", "tensor_parallel_size": 0}]}))
+
+
+def test_moe_presets_are_sim_models():
+    assert {"Qwen3-30B-A3B", "Qwen3-235B-A22B"} <= set(SIM_MODELS)
+    config = parse_config(sim_config(model={"sim_model": "Qwen3-30B-A3B"}))
+    from rollart.app.model_source import ModelSpec
+
+    spec = ModelSpec.from_config(config).sim_spec()
+    assert (spec.n_params, spec.active_params, spec.n_experts) == (30.5e9, 3.3e9, 128)
+
+
+def test_a_tensor_parallel_pool_runs_one_engine_per_group_of_devices(tmp_path):
+    from rollart.app.builder import build_pipeline
+    from rollart.resource.virtual_time import run_virtual
+
+    config = parse_config(sim_config())
+
+    async def go():
+        pipe = await build_pipeline(config, tmp_path, tensorboard=False)
+        try:
+            return [(w.devices, w.engine.tensor_parallel_size, w.engine.kv_capacity_tokens) for w in pipe.parts.workers]
+        finally:
+            await pipe.close()
+
+    workers = run_virtual(go(), seed=0).result
+    assert [w[0] for w in workers] == [(0, 1), (2, 3)]
+    assert {w[1] for w in workers} == {2}
+    # Qwen3-8B on 2 x H800: (72e9 - 8.2e9) / (147,456 / 2) tokens per engine
+    assert {w[2] for w in workers} == {int((72e9 - 8.2e9) // (147_456 / 2))}
