@@ -38,9 +38,9 @@ def scenario(**over) -> dict:
             "pipeline": {"mode": "async", "alpha": 1, "batch_size": 8, "group_size": 4, "redundancy": 1.5,
                          "get_batch_timeout_s": 1e6, "update_timeout_s": 600},
             "model": {"sim_model": "Qwen3-8B"},
-            "rollout": {"pools": [{"name": "r", "hardware": "H800", "devices": 2, "engine": "sim", "max_num_seqs": 32,
+            "rollout": {"pools": [{"name": "r", "hardware": "H800", "devices": 4, "engine": "sim", "max_num_seqs": 32,
                                    "engine_args": {"decode_quantum_s": 0.5}}]},
-            "trainer": {"backend": "sim", "devices": 2, "hardware": "H800"},
+            "trainer": {"backend": "sim", "devices": 4, "hardware": "H800"},  # 3 at least hold Qwen3-8B (D61)
             "sync": {"channel": "sim"},
             "tasks": [{"env": "synthetic", "reward": "synthetic", "max_turns": 8, "max_tokens": 512, "env_timeout_s": 10000}],
         },
@@ -92,7 +92,7 @@ def test_the_builder_wires_the_cost_models_into_the_pipeline():
     load = 16.4e9 / 25e9  # SimEngine.load_weights over its host link
     assert rec["sync_s"] == pytest.approx(publish + load)
     assert rec["sync_bytes"] == pytest.approx(16.4e9)
-    assert 0 < rec["train_s"] < 60 and result.rollout_devices == 2 and result.train_devices == 2
+    assert 0 < rec["train_s"] < 60 and result.rollout_devices == 4 and result.train_devices == 4
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -128,7 +128,8 @@ def test_slots_start_no_group_while_their_task_has_enough_outstanding(mode, tmp_
     data = scenario(
         iterations=4,
         pipeline={"mode": mode, "alpha": 1, "batch_size": 8, "group_size": 4, "redundancy": 1.5},
-        model={"sim_model": "Qwen3-32B"}, trainer={"backend": "sim", "devices": 1, "hardware": "H800"},
+        # a slow train step that fits (rollart-app D61: one H800 cannot hold Qwen3-32B's trainer; 9 H20 can)
+        model={"sim_model": "Qwen3-32B"}, trainer={"backend": "sim", "devices": 9, "hardware": "H20"},
         workload={"turns": 1, "prompt_tokens": 2000, "observation_tokens": 8, "response_tokens": 8, "step_latency": 0.01})
     data["config"]["tasks"] = [{"env": "synthetic", "reward": "synthetic", "tag": t, "max_turns": 2, "max_tokens": 64,
                                 "env_timeout_s": 600} for t in ("a", "b")]

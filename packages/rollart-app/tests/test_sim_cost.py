@@ -61,3 +61,42 @@ def test_a_tensor_parallel_pool_runs_one_engine_per_group_of_devices(tmp_path):
     assert {w[1] for w in workers} == {2}
     # Qwen3-8B on 2 x H800: (72e9 - 8.2e9) / (147,456 / 2) tokens per engine
     assert {w[2] for w in workers} == {int((72e9 - 8.2e9) // (147_456 / 2))}
+
+
+def test_plan_and_the_simulator_refuse_a_trainer_that_does_not_fit(tmp_path):
+    from rollart.app.builder import build_pipeline
+    from rollart.app.plan import make_plan
+    from rollart.app.sim.scenario import parse_scenario
+    from rollart.resource.virtual_time import run_virtual
+
+    data = sim_config(model={"sim_model": "Qwen3-235B-A22B"}, trainer={"devices": 32},
+                      rollout={"pools": [{"name": "r", "hardware": "H800", "devices": 8, "engine": "sim",
+                                          "tensor_parallel_size": 8}]})
+    data["tasks"] = [{"env": "synthetic", "reward": "synthetic", "max_context_tokens": 65_536}]
+    config = parse_config(data)
+    message = r"trainer: Qwen3-235B-A22B at 65,536 tokens needs 4.63 TB on 32 x H800 \(80 GB, 72 GB usable\): 2.32 TB short; at least 72 devices"
+    with pytest.raises(ConfigError, match=message):
+        make_plan(config)
+    with pytest.raises(ConfigError, match=message):
+        run_virtual(build_pipeline(config, tmp_path, tensorboard=False))
+    with pytest.raises(ConfigError, match=message + r".*\(run 'split'\)"):
+        parse_scenario({"name": "s", "config": data, "runs": [{"name": "split"}]})
+    data["trainer"]["devices"] = 72
+    plan = make_plan(parse_config(data))
+    per_device = 18 * 235e9 / 72 + 65_536 * (2 * 4096 * 94 + 34 * 4096 + 4 * 151_936) / 8
+    assert plan.trainer.memory.total == pytest.approx(per_device, rel=1e-6)
+    assert not plan.trainer.memory.over
+    assert plan.pools[0].memory.weights == pytest.approx(470e9 / 8)
+
+
+def test_the_sim_trainer_prices_the_forward_passes_and_active_parameters(tmp_path):
+    from rollart.app.builder import start_trainer
+    from rollart.app.model_source import ModelSpec
+    from rollart.resource.virtual_time import run_virtual
+
+    for passes, expected in ((["old_policy", "reference"], 2), ([], 0)):
+        config = parse_config(sim_config(model={"sim_model": "Qwen3-30B-A3B"}, trainer={"devices": 8, "forward_passes": passes}))
+        trainer = run_virtual(start_trainer(config, ModelSpec.from_config(config), None, None)).result.inner
+        assert (trainer.forward_passes, trainer.active_params, trainer.n_params) == (expected, 3.3e9, 30.5e9)
+    with pytest.raises(ConfigError, match=r"trainer.forward_passes.*allowed: old_policy, reference"):
+        parse_config(sim_config(trainer={"forward_passes": ["reference", "reference"]}))

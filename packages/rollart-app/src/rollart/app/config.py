@@ -281,6 +281,14 @@ class TrainerSection(_Strict):
     """Gradient clipping norm."""
     micro_batch_size: int = Field(64, ge=1)
     """Sequences per forward/backward pass; gradients accumulate exactly over the batch."""
+    forward_passes: list[Literal["old_policy", "reference"]] = Field(default_factory=lambda: ["old_policy", "reference"])
+    """Forward-only passes of the RL step that `backend: sim` prices (design D61): `old_policy` (recomputed log-probs of the sampling policy), `reference` (the reference model's, for a KL term); `[]` for neither."""
+
+    @model_validator(mode="after")
+    def _forward_passes_once(self) -> TrainerSection:
+        if len(set(self.forward_passes)) != len(self.forward_passes):
+            raise ValueError(f"trainer.forward_passes: each pass at most once (allowed: old_policy, reference), got {self.forward_passes}")
+        return self
 
     @model_validator(mode="before")
     @classmethod

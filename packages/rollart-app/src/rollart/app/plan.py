@@ -30,7 +30,9 @@ ASSUMPTIONS = (
     "trainer torch: DDP, nothing sharded: weights + grads + AdamW's two moments, all in the model dtype",
     "trainer megatron: bf16 mixed precision with the distributed optimizer: weights (dtype) + fp32 main grads "
     "replicated, fp32 master weights + Adam moments (12 B/param) sharded over trainer.devices",
-    "not counted: activations, CUDA context, allocator fragmentation (the estimate is a lower bound)",
+    "trainer sim (a preset model): rollart-train's sharded minimum, 18 B/param over trainer.devices + one sequence's "
+    "activations at the longest max_context_tokens; a trainer over 90% of HBM is refused",
+    "not counted (torch, megatron): activations; everywhere: CUDA context, allocator fragmentation (a lower bound)",
 )
 
 
@@ -118,11 +120,12 @@ class DeviceMemory:
     grads: int = 0
     optimizer: int = 0
     hbm: int = 0
+    activations: int = 0
 
     @property
     def total(self) -> int:
         """Everything counted."""
-        return self.weights + self.kv_cache + self.grads + self.optimizer
+        return self.weights + self.kv_cache + self.grads + self.optimizer + self.activations
 
     @property
     def over(self) -> bool:
@@ -225,6 +228,34 @@ def trainer_memory(shape: ModelShape, backend: str, devices: int, hardware: str)
     return DeviceMemory(weights=n * b, grads=4 * n, optimizer=-(-12 * n // devices), hbm=_hbm(hardware))
 
 
+def sim_trainer_memory(config: RunConfig) -> Any:
+    """rollart-train's memory model (its D24) of a simulated trainer of a preset model; None for any other trainer.
+
+    Devices: `trainer.devices` (in `sync` mode at most the rollout devices it is colocated on); context:
+    the longest `tasks[].max_context_tokens`."""
+    # deps: trainer_memory
+    if config.trainer.backend != "sim" or config.model.sim_model is None:
+        return None
+    from rollart.proxy.sim_engine import SIM_MODEL_SPECS
+    from rollart.resource.hardware import BUILTIN_HARDWARE
+    from rollart.train.sim_memory import trainer_memory as sharded_memory
+
+    spec = SIM_MODEL_SPECS[config.model.sim_model]
+    t = config.trainer
+    devices = min(t.devices, config.rollout.devices) if config.pipeline.mode == "sync" else t.devices
+    context = max(task.max_context_tokens for task in config.tasks)
+    return sharded_memory(spec.name, spec.n_params, spec.n_layers, spec.hidden_size, spec.vocab_size, context, devices,
+                          BUILTIN_HARDWARE[t.hardware])
+
+
+def check_trainer_fits(config: RunConfig) -> None:
+    """Refuse a simulated trainer that cannot hold its model (D61): a ConfigError naming the shortfall."""
+    # deps: sim_trainer_memory
+    memory = sim_trainer_memory(config)
+    if memory is not None and not memory.fits:
+        raise ConfigError(f"{memory.shortfall()} (set trainer.devices or trainer.hardware)")
+
+
 def routing_table(config: RunConfig) -> list[RoutePlan]:
     """tag -> hardware -> pools, and which tasks use each tag (no affinity: every tag may use every pool)."""
     affinity = config.routing.affinity
@@ -286,7 +317,13 @@ def make_plan(config: RunConfig, base_dir: Path | None = None, tokenizer: Any = 
         pools.append(PoolPlan(pool.name, pool.hardware, pool.devices, pool.engine, origin, pool.max_num_seqs, context,
                               rollout_memory(shape, pool.max_num_seqs, context, pool.hardware, pool.tensor_parallel_size)))
     t = config.trainer
+    check_trainer_fits(config)
     trainer = TrainerPlan(t.backend, t.placement, t.devices, t.hardware, trainer_memory(shape, t.backend, t.devices, t.hardware))
+    sim = sim_trainer_memory(config)
+    if sim is not None:  # the simulated trainer's sharded states and activations (rollart-train D24)
+        trainer = TrainerPlan(t.backend, t.placement, sim.devices, t.hardware, DeviceMemory(
+            weights=int(sim.weights), grads=int(sim.grads), optimizer=int(sim.optimizer), hbm=trainer.memory.hbm,
+            activations=int(sim.activations)))
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config)
     tasks = []
     for i, task in enumerate(config.tasks):
