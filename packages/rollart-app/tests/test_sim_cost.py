@@ -100,3 +100,29 @@ def test_the_sim_trainer_prices_the_forward_passes_and_active_parameters(tmp_pat
         assert (trainer.forward_passes, trainer.active_params, trainer.n_params) == (expected, 3.3e9, 30.5e9)
     with pytest.raises(ConfigError, match=r"trainer.forward_passes.*allowed: old_policy, reference"):
         parse_config(sim_config(trainer={"forward_passes": ["reference", "reference"]}))
+
+
+def _tiny_scenario(mode: str) -> dict:
+    config = sim_config(pipeline={"mode": mode, "alpha": 0 if mode == "sync" else 1, "get_batch_timeout_s": 1e6},
+                        rollout={"pools": [{"name": "a", "hardware": "H800", "devices": 4, "engine": "sim"},
+                                           {"name": "b", "hardware": "H20", "devices": 3, "engine": "sim"}]})
+    config["tasks"] = [{"env": "synthetic", "reward": "synthetic", "max_turns": 4, "max_tokens": 64, "env_timeout_s": 1e4}]
+    return {"name": "c", "iterations": 3, "warmup": 1, "config": config,
+            "workload": {"turns": 2, "prompt_tokens": 64, "observation_tokens": 16, "response_tokens": 16},
+            "runs": [{"name": mode}]}
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_every_row_reports_its_cost_and_tokens_per_cost(mode):
+    from rollart.app.sim.runner import run_one
+    from rollart.app.sim.scenario import parse_scenario
+
+    spec = parse_scenario(_tiny_scenario(mode))
+    r = run_one(spec, spec.runs[0])
+    # async: 4 H800 + 3 H20 roll out, 4 more H800 train; sync: the trainer is colocated, nothing counted twice
+    expected = (8 if mode == "async" else 4) + 3 / 2.85
+    assert r.cost_per_hour == pytest.approx(expected)
+    window = sum(h["step_time_s"] for h in r.history[spec.warmup:])
+    assert r.cost == pytest.approx(expected * window / 3600, rel=1e-6)
+    assert r.tokens_per_cost == pytest.approx(r.tokens_per_s * 3600 / expected)
+    assert r.tokens_per_cost > 0 and {"cost_per_hour", "cost", "tokens_per_cost"} <= set(r.row())
