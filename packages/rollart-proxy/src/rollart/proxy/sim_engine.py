@@ -174,9 +174,15 @@ class RooflineModel:
         """One batched prefill of (new, cached) token counts: one overhead, and each sequence's attention
         over its own context only (sequences of a batch never attend to each other). The weights the
         batch touches are read once (D46: a short prefill is memory-bound, not free)."""
-        new = sum(n for n, _ in seqs)
-        flops = self._dense * new + self._attn * sum(n * (c + n / 2.0) for n, c in seqs)
-        bytes_moved = self.model.touched_weight_bytes(new) + self._kv * sum(c for _, c in seqs)
+        new = cached = 0
+        attn = 0.0
+        for n, c in seqs:  # one pass: a batched prefill runs once per engine step that admits
+            new += n
+            cached += c
+            attn += n * (c + n / 2.0)
+        flops = self._dense * new + self._attn * attn
+        weights = self.model.touched_weight_bytes(new) if self._moe else self.model.weight_bytes
+        bytes_moved = weights + self._kv * cached
         return self.step_overhead_s + self._ar_fixed + self._ar_token * new + max(bytes_moved * self._byte_s,
                                                                                   flops * self._flop_s)
 
