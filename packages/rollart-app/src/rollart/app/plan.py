@@ -371,10 +371,11 @@ def render_plan(plan: Plan, console: Console) -> None:
     console.print(pools)
     tr = plan.trainer
     trainer = Table(title="trainer (memory per device, GB)")
-    for col in ("backend", "placement", "devices", "hardware", "weights", "grads", "optimizer", "total", "HBM"):
+    for col in ("backend", "placement", "devices", "hardware", "weights", "grads", "optimizer", "activations", "total", "HBM"):
         trainer.add_column(col)
     trainer.add_row(tr.backend, tr.placement, str(tr.devices), tr.hardware, _gb(tr.memory.weights), _gb(tr.memory.grads),
-                    _gb(tr.memory.optimizer), _gb(tr.memory.total), _gb(tr.memory.hbm), style="red" if tr.memory.over else None)
+                    _gb(tr.memory.optimizer), _gb(tr.memory.activations), _gb(tr.memory.total), _gb(tr.memory.hbm),
+                    style="red" if tr.memory.over else None)
     console.print(trainer)
     console.print(f"[bold]sync[/bold] channel {plan.sync_channel}, bucket {plan.bucket_mb:g} MB")
     routes = Table(title="routing (tag -> hardware -> pools)")
