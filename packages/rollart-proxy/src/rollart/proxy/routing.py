@@ -47,6 +47,15 @@ class RoutingPolicy(Protocol):
         ...
 
 
+def _sticky_or_least_loaded(room: Sequence[WorkerView], sticky_rank: int | None) -> int | None:
+    """The sticky worker if it has room, else the least (tokens, inflight, rank); None if no room."""
+    if not room:
+        return None
+    if sticky_rank is not None and any(w.rank == sticky_rank for w in room):
+        return sticky_rank
+    return min(room, key=lambda w: (w.outstanding_tokens, w.inflight, w.rank)).rank
+
+
 class AffinityRouter:
     """Hardware affinity by tag, then stickiness, then least outstanding tokens."""
 
@@ -69,12 +78,7 @@ class AffinityRouter:
         """Preferred hardware if any such worker is routable (else any); then sticky; then least loaded."""
         hardware = self.hardware_for(request.tag)
         pool = [w for w in workers if hardware is None or w.hardware == hardware] or list(workers)
-        room = [w for w in pool if w.inflight < w.capacity]
-        if not room:
-            return None
-        if sticky_rank is not None and any(w.rank == sticky_rank for w in room):
-            return sticky_rank
-        return min(room, key=lambda w: (w.outstanding_tokens, w.inflight, w.rank)).rank
+        return _sticky_or_least_loaded([w for w in pool if w.inflight < w.capacity], sticky_rank)
 
     def choose_indexed(self, request: GenerateRequest, index: LoadIndex, sticky_rank: int | None, exclude: int | None) -> int | None:
         """The decision of ``choose`` over every active worker, in O(log n) from the index (D16).
@@ -95,6 +99,49 @@ class AffinityRouter:
                 and (key is None or index.hardware_of(sticky_rank) == key)):
             return sticky_rank
         return index.least_loaded(key, exclude)
+
+
+class SoftAffinityRouter(AffinityRouter):
+    """Soft affinity (D51): the preferred hardware while one of its workers has room, else spill.
+
+    Why: with hard affinity a request waits for its preferred hardware even while workers of the
+    other hardware sit idle; at the paper's proportions (Fig 11a: 8 H800 + 3 H20) the decode-heavy
+    half queues on 3 H20 and the H800s wait. Here the preferred hardware is saturated exactly when
+    none of its active workers is below ``max_inflight_per_worker`` (the proxy's queue depth), and
+    only then does a request go to the least-loaded worker with room of any hardware; no constant
+    of its own. The decision stays O(log n) from the index (D16).
+    """
+
+    def choose(self, request: GenerateRequest, workers: Sequence[WorkerView], sticky_rank: int | None) -> int | None:
+        """``AffinityRouter.choose``, but a full preferred hardware spills to any worker with room."""
+        rank = super().choose(request, workers, sticky_rank)
+        if rank is not None:
+            return rank
+        return _sticky_or_least_loaded([w for w in workers if w.inflight < w.capacity], sticky_rank)
+
+    def choose_indexed(self, request: GenerateRequest, index: LoadIndex, sticky_rank: int | None, exclude: int | None) -> int | None:
+        """The decision of ``choose`` over every active worker, in O(log n) from the index (D16, D51)."""
+        # deps: AffinityRouter.choose_indexed, LoadIndex.least_loaded, LoadIndex.routable
+        rank = super().choose_indexed(request, index, sticky_rank, exclude)
+        if rank is not None:
+            return rank
+        if exclude is not None and not (index.is_active(exclude) and index.active_count(None) > 1):
+            exclude = None
+        if sticky_rank is not None and sticky_rank != exclude and index.routable(sticky_rank):
+            return sticky_rank
+        return index.least_loaded(None, exclude)
+
+
+ROUTING_POLICIES = ("hard", "soft")
+
+
+def make_router(policy: str, affinity: Mapping[str, str] | None) -> AffinityRouter:
+    """The router of a routing policy by name: ``hard`` (wait for the preferred hardware) or ``soft`` (D51)."""
+    # VAL: VAL_ONE_OF(policy, choices=ROUTING_POLICIES, exc=ProxyError)
+    check.one_of("policy", policy, ROUTING_POLICIES, exc=ProxyError)  # generated #8130cf6397
+    if policy == "soft":
+        return SoftAffinityRouter(affinity)
+    return AffinityRouter(affinity)
 
 
 class LoadIndex:
