@@ -130,7 +130,7 @@ def test_every_row_reports_its_cost_and_tokens_per_cost(mode):
 
 @pytest.mark.parametrize(("name", "groups"), [
     ("fig4_hardware", [("frozenlake_2xH800", "frozenlake_6xH20"), ("gemmath_2xH800", "gemmath_6xH20")]),
-    ("fig11a_affinity", [("h800_only", "h20_only", "mixed_affinity", "mixed_6xH800_9xH20")]),
+    ("fig11a_affinity", [("h800_only", "h20_only", "mixed_affinity", "mixed_soft_affinity", "mixed_6xH800_9xH20")]),
 ])
 def test_equal_cost_scenarios_are_equal_cost(name, groups):
     """D63: the runs a figure compares hold rollout devices of equal cost (within 6%: the paper's own 2 H800 vs 6 H20 differ by 5%), same trainer."""

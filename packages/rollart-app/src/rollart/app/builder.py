@@ -6,7 +6,7 @@ same wiring (design D16). The config names each part; this module only composes:
     model       ModelSpec: the tiny demo model or a Hugging Face checkpoint, built by each part itself
     pools       one worker per device, engine per pool; in-process (`cluster.ray: none`) or Ray actors
                 placed through rollart.resource on `{GPU: 1, <hardware>: 1}` bundles
-    routing     rollart.proxy's AffinityRouter over `routing.affinity` (tag -> hardware)
+    routing     rollart.proxy's router over `routing.affinity` (tag -> hardware), hard or soft by `routing.policy`
     trainer     in this process (`placement: driver`) or data-parallel Ray actors on their own devices
     sync        LocalChannel through the proxy, or torch_dist / Mooncake from trainer rank 0 to every actor
     tasks       env, prompt builder and reward resolved by task_factory (names, plugins, import paths)
@@ -32,7 +32,7 @@ from rollart.env.manager import EnvManager, EnvManagerConfig
 from rollart.env.protocols import SamplingParams
 from rollart.env.retry import RetryPolicy
 from rollart.proxy.proxy import LLMProxy
-from rollart.proxy.routing import AffinityRouter
+from rollart.proxy.routing import make_router
 from rollart.proxy.worker import InferenceWorker
 from rollart.scheduler.adapters import ProxyElasticPool, ProxyLLMClient, ProxyWeightLoader, RoutingLog
 from rollart.scheduler.buffer import SampleBuffer
@@ -314,7 +314,7 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
         for w in workers or []:
             await w.stop()
         raise
-    proxy = LLMProxy(workers, router=AffinityRouter(config.routing.affinity),
+    proxy = LLMProxy(workers, router=make_router(config.routing.policy, config.routing.affinity),
                      max_inflight_per_worker=config.time_sharing.slots_per_device)
     try:
         if config.sync.channel == "local":

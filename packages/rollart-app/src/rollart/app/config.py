@@ -229,6 +229,8 @@ class RoutingSection(_Strict):
 
     affinity: dict[str, str] = Field(default_factory=dict)
     """Task tag -> hardware type of the pool that serves it; `default` covers the other tags."""
+    policy: Literal["hard", "soft"] = "hard"
+    """`hard`: a request waits for its preferred hardware; `soft`: it spills to any worker with room once every worker of its preferred hardware is full (rollart-proxy D51)."""
 
 
 class SyncSection(_Strict):
