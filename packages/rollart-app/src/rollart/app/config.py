@@ -176,20 +176,47 @@ class ModelSection(_Strict):
 
 
 class RolloutPool(_Strict):
-    """One pool of rollout workers on one hardware type, one worker per device."""
+    """One pool of rollout workers on one hardware type, one worker per `tensor_parallel_size` devices."""
 
     name: str = Field(..., min_length=1)
     """Pool name, unique in `rollout.pools`."""
     hardware: str = "H800"
     """Hardware type of the pool's devices (a name from the rollart-resource catalogue, e.g. `H800`, `H20`)."""
     devices: int = Field(1, ge=1)
-    """Devices in the pool, one inference worker each."""
+    """Devices in the pool; one inference worker per `tensor_parallel_size` of them."""
     engine: str = "torch"
     """Inference engine: `torch`, `vllm` or `sim` (simulated roofline engine)."""
     engine_args: dict[str, Any] = Field(default_factory=dict)
     """Extra keyword arguments for the engine (e.g. vLLM options)."""
     max_num_seqs: int = Field(16, ge=1)
     """Sequences one worker decodes together."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """Devices one engine shards the model over (vLLM); the pool runs `devices / tensor_parallel_size` engines,
+    each on one node (one placement-group bundle). `torch` engines take 1."""
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    """vLLM pools: the fraction of each GPU the engine may take (weights + KV); None: vLLM's default."""
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """vLLM pools: the engine's weight dtype; None: `model.dtype`."""
+
+    @model_validator(mode="after")
+    def _tensor_parallel(self) -> RolloutPool:
+        tp = self.tensor_parallel_size
+        if self.devices % tp:
+            raise ValueError(f"rollout.pools.{self.name}.devices must be a multiple of tensor_parallel_size={tp} "
+                             f"(each engine takes {tp} devices), got {self.devices}")
+        if tp > 1 and self.engine == "torch":
+            raise ValueError(f"rollout.pools.{self.name}.tensor_parallel_size: engine 'torch' runs one device per engine "
+                             f"(allowed: 1), got {tp}; use engine: vllm to shard a model over devices")
+        for knob in ("gpu_memory_utilization", "dtype"):
+            if getattr(self, knob) is not None and self.engine != "vllm":
+                raise ValueError(f"rollout.pools.{self.name}.{knob} applies to engine 'vllm' only, "
+                                 f"got engine {self.engine!r}")
+        return self
+
+    @property
+    def engines(self) -> int:
+        """Engines (inference workers) in the pool: one per `tensor_parallel_size` devices."""
+        return self.devices // self.tensor_parallel_size
 
 
 class RolloutSection(_Strict):
