@@ -70,6 +70,7 @@ class WorldSpec:
     mooncake: Any = None  # rollart.sync MooncakeConfig for channel == "mooncake"
     timeout_s: float = 120.0
     megatron: bool = False  # every rank also builds megatron's parallel state (its groups are collectives)
+    checksums: bool = False  # torch_dist: CRC-32 per bucket (rollart-sync D42; off for TCP and NCCL)
 
 
 def free_address() -> str:
@@ -125,7 +126,7 @@ class SyncEndpoint:
             device = "cuda:0" if world.backend == "nccl" else "cpu"
             self.channel = TorchDistributedChannel(group=update_group, src_rank=world.trainer_ranks[0],
                                                    keep_last=world.keep_last, bucket_bytes=world.bucket_bytes,
-                                                   device=device)
+                                                   device=device, checksums=world.checksums)
         elif world.channel == "mooncake":
             from rollart.sync.mooncake import MooncakeChannel
 

@@ -207,7 +207,8 @@ async def connect_world(config: RunConfig, trainer: ActorTrainerGroup, rollout: 
                       rollout_ranks=tuple(range(n_train, n_train + len(rollout))), backend=backend,
                       channel=config.sync.channel, keep_last=config.sync.keep_last,
                       bucket_bytes=int(config.sync.bucket_mb * (1 << 20)), mooncake=mooncake,
-                      timeout_s=config.pipeline.update_timeout_s * 2, megatron=config.trainer.backend == "megatron")
+                      timeout_s=config.pipeline.update_timeout_s * 2, megatron=config.trainer.backend == "megatron",
+                      checksums=config.sync.checksums)
     await asyncio.gather(*(trainer.call(r, "join", world, r) for r in range(n_train)),
                          *(w.call("join", world, n_train + i) for i, w in enumerate(rollout)))
     return closers

@@ -255,6 +255,9 @@ class SyncSection(_Strict):
     """Size bound of one weight bucket (MB)."""
     keep_last: int = Field(2, ge=1)
     """Published versions the channel keeps."""
+    checksums: bool = False
+    """`torch_dist`: CRC-32 every bucket on both sides. Off by default: gloo runs over TCP and NCCL over links with
+    their own CRC, so a torn bucket fails the collective (rollart-sync D42); on for a transport you distrust."""
 
 
 REMOVED_TRAINER_FIELDS = {
