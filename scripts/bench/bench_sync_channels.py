@@ -153,6 +153,7 @@ def gloo_worker(rank: int, init: str, sizes: list[int], repeats: int) -> None:
     from rollart.sync.torch_dist import TorchDistributedChannel
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)  # as the trainer and rollout actors run (rollart-app actors)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=300))
 
     async def run() -> dict[int, dict[str, list[float]]]:
