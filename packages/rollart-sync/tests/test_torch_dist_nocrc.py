@@ -27,6 +27,7 @@ def weights(version: int) -> dict[str, torch.Tensor]:
 def _rank(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
+    from rollart.sync.errors import ChecksumMismatchError
     from rollart.sync.torch_dist import TorchDistributedChannel
 
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
@@ -45,13 +46,26 @@ def _rank(rank: int, port: int, out: str) -> None:
                 got[v] = ({k: t.clone() for k, t in snap.tensors.items()}, [b.checksum for b in snap.manifest.buckets],
                           snap.attempts)
                 snap.release()
+        # a copy that fails half-way (a tensor on the meta device has no bytes): nothing is applied anywhere
+        if rank == 0:
+            torn = {**weights(4), "layer.5.w": torch.empty(257, device="meta")}
+            try:
+                channel.publish(torn, 4)
+            except NotImplementedError:
+                got["publish_raised"] = True
+            # the broadcast of the voted-corrupt buckets still runs on the collective thread: let it end
+            await asyncio.get_running_loop().run_in_executor(channel._executor, lambda: None)
+        else:
+            try:
+                await channel.fetch(4, timeout=30)
+            except ChecksumMismatchError as exc:
+                got["torn"] = str(exc)
         await channel.close()
         return got
 
     result = asyncio.run(run())
     dist.destroy_process_group()
-    if rank == 1:
-        torch.save(result, os.path.join(out, "received.pt"))
+    torch.save(result, os.path.join(out, f"rank{rank}.pt"))
 
 
 def test_without_checksums_the_broadcast_is_bit_exact_and_says_so_in_the_header(tmp_path) -> None:
@@ -59,7 +73,7 @@ def test_without_checksums_the_broadcast_is_bit_exact_and_says_so_in_the_header(
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mp.spawn(_rank, args=(port, str(tmp_path)), nprocs=2, join=True)
-    got = torch.load(tmp_path / "received.pt")
+    got = torch.load(tmp_path / "rank1.pt")
     for v in (1, 2, 3):
         tensors, sums, attempts = got[v]
         expected = weights(v)
@@ -67,3 +81,5 @@ def test_without_checksums_the_broadcast_is_bit_exact_and_says_so_in_the_header(
         for name, t in expected.items():
             assert torch.equal(tensors[name].view(torch.uint8), t.view(torch.uint8)), (v, name)
         assert len(sums) > 4 and set(sums) == {0}  # many buckets, and no CRC computed or sent
+    assert torch.load(tmp_path / "rank0.pt") == {"publish_raised": True}
+    assert "corrupt on all" in got["torn"]  # the half-copied version was voted corrupt, never applied

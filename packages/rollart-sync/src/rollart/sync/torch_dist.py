@@ -138,8 +138,12 @@ class TorchDistributedChannel:
         self._dist.all_reduce(flag, op=self._dist.ReduceOp.MAX, group=self._group)
         return int(flag.item()) == _OK
 
-    def _broadcast_update(self, packed: PackedWeights, ready: Sequence[threading.Event]) -> None:
-        """Header, manifest, then each bucket as soon as `ready[i]` says the publisher packed it (D41)."""
+    def _broadcast_update(self, packed: PackedWeights, ready: Sequence[threading.Event], failed: threading.Event) -> None:
+        """Header, manifest, then each bucket as soon as `ready[i]` says the publisher packed it (D41).
+
+        `failed` set means the publisher's copy raised: the buckets still go (every rank follows
+        the same sequence) but the source votes corrupt on every attempt, so no receiver applies them.
+        """
         raw = packed.manifest.to_bytes()
         header = torch.tensor([packed.manifest.version, len(raw), zlib.crc32(raw), int(self._checksums)],
                               dtype=torch.int64, device=self._device)
@@ -162,7 +166,7 @@ class TorchDistributedChannel:
                 work.wait()
             if checksums is not None:
                 self._dist.broadcast(checksums, self._src, group=self._group)
-            if self._vote(corrupt=False):
+            if self._vote(corrupt=failed.is_set()):
                 return
             if attempt == self._max_attempts:
                 raise ChecksumMismatchError(
@@ -228,15 +232,19 @@ class TorchDistributedChannel:
         manifest = plan_manifest(named, version, self._bucket_bytes)
         packed = PackedWeights(manifest, tuple(buffers_for(manifest, spare, self._device)))
         ready = [threading.Event() for _ in manifest.buckets]
+        failed = threading.Event()
         self._published.advance(version)
         # the wire starts with bucket 0 while the later buckets are still being copied (D41); the
         # snapshot is complete when publish returns, the CRCs (if any) run on the collective thread
-        future = asyncio.get_running_loop().run_in_executor(self._executor, self._broadcast_update, packed, ready)
+        future = asyncio.get_running_loop().run_in_executor(self._executor, self._broadcast_update, packed, ready, failed)
         tensors = dict(named)
         try:
             for spec, buffer, event in zip(manifest.buckets, packed.buffers, ready):
                 fill_bucket(buffer, spec, tensors)
                 event.set()
+        except BaseException:
+            failed.set()  # the half-copied version is voted corrupt everywhere, never applied
+            raise
         finally:  # a failed copy must not leave the collective thread waiting forever
             for event in ready:
                 event.set()
