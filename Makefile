@@ -8,11 +8,12 @@ PACKAGES := checks resource env reward proxy sync train scheduler app
 EDITABLES := $(foreach p,$(PACKAGES),-e packages/rollart-$(p)$(if $(filter proxy,$(p)),[torch],))
 SRC_DIRS := packages scripts validation_patterns tests examples conftest.py
 
-.PHONY: help install system-libs sandbox-tools test test-fast check lint layering expand expand-check design-check docs demo bench install-alone wheels clean
+.PHONY: help install system-libs sandbox-tools test test-fast test-gpu check lint layering expand expand-check design-check docs demo bench install-alone wheels clean
 
 help:
 	@echo "make demo    - run the CPU demo pipeline (creates .venv on first use)"
 	@echo "make test    - run the full test suite (creates .venv on first use)"
+	@echo "make test-gpu - run the GPU tier (pytest -m gpu; skips with one line without a CUDA device)"
 	@echo "make check   - fast static checks: lint, layering, annotation blocks, design docs"
 	@echo "make docs    - build the docs site (mkdocs build --strict)"
 	@echo "make bench   - run the benchmarks in scripts/bench/"
@@ -43,6 +44,10 @@ test: $(STAMP) system-libs
 
 test-fast: $(STAMP) system-libs
 	$(PY) -m pytest -q -m "not slow"
+
+# the GPU tier (tests/gpu, marker `gpu`): on a node with CUDA; here every test skips saying why
+test-gpu: $(STAMP)
+	$(PY) -m pytest -q -m gpu tests/gpu
 
 check: $(STAMP) lint layering expand-check design-check
 

@@ -5,7 +5,9 @@
     .venv/bin/python scripts/bench/bench_sync_channels.py --quick              # 8 MB, 32 MB
 
 The headline of every channel is end to end as the pipeline sees it: the trainer-side snapshot
-(pack + CRC-32) + transfer + the receiver's fetch and verification, i.e. publish + fetch.
+(pack + CRC-32) + transfer + the receiver's fetch and verification, i.e. publish + fetch; for gloo
+also the load (ModelUpdateGroup.update into a loader that serves straight from the received
+buffers), with and without CRC-32 (sync D42).
 Parts (publish only, the wire time after the pack, Mooncake's own `batch_get_into`) are listed
 below the headline, never instead of it.
 
@@ -129,47 +131,69 @@ async def local_channel(nbytes: int, repeats: int) -> tuple[list[float], list[fl
     return got, floor
 
 
+class BindingLoader:
+    """Loads a version straight from the received buffers (zero copy), as a loader may under D44."""
+
+    def __init__(self) -> None:
+        self.params: dict[str, torch.Tensor] = {}
+
+    async def load_weights(self, weights, version: int) -> None:
+        self.params = dict(weights)
+
+
 def gloo_worker(rank: int, init: str, sizes: list[int], repeats: int) -> None:
-    """Child: rank 0 publishes, rank 1 fetches, a raw broadcast floor between; rank 0 prints the seconds as JSON."""
+    """Child: rank 0 publishes, rank 1 fetches and loads, a raw broadcast floor between; rank 0 prints JSON.
+
+    Two variants per repeat, interleaved with the floor: the channel with CRC-32 per bucket (the
+    default) and without (`checksums=False`, for a reliable transport, sync D42).
+    """
     import torch.distributed as dist
 
+    from rollart.sync.model_update import ModelUpdateGroup
     from rollart.sync.torch_dist import TorchDistributedChannel
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)  # as the trainer and rollout actors run (rollart-app actors)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=300))
 
     async def run() -> dict[int, dict[str, list[float]]]:
-        channel = TorchDistributedChannel(src_rank=0, keep_last=1)
+        channels = {"crc": TorchDistributedChannel(src_rank=0, keep_last=1),
+                    "nocrc": TorchDistributedChannel(src_rank=0, keep_last=1, checksums=False)}
+        groups = {k: ModelUpdateGroup(c, [BindingLoader()] if rank else [], timeout=300) for k, c in channels.items()}
         out: dict[int, dict[str, list[float]]] = {}
         version = 0
         for size in sizes:
             model = make_model(size) if rank == 0 else None
             raw = torch.ones(size, dtype=torch.uint8) if rank == 0 else torch.empty(size, dtype=torch.uint8)
             ack = torch.zeros(1, dtype=torch.int64)
-            out[size] = {"total": [], "wire": [], "floor": []}
+            out[size] = {"total": [], "wire": [], "floor": [], "total_nocrc": [], "wire_nocrc": []}
             for rep in range(repeats + 1):
                 # the floor: the same bytes as one raw broadcast, acknowledged by an all_reduce like the vote
                 t0 = time.perf_counter()
                 dist.broadcast(raw, 0)
                 dist.all_reduce(ack)
                 t_floor = time.perf_counter() - t0
-                version += 1
-                if rank == 0:
-                    t0 = time.perf_counter()
-                    handle = channel.publish(model, version)  # returns after the snapshot (pack + CRC)
-                    t1 = time.perf_counter()
-                    await handle.wait(300)  # done when every receiver received and verified it
-                    t2 = time.perf_counter()
-                    if rep > 0:
-                        out[size]["total"].append(t2 - t0)
-                        out[size]["wire"].append(t2 - t1)
-                        out[size]["floor"].append(t_floor)
-                else:
-                    snap = await channel.fetch(version, timeout=300)
-                    assert snap.version == version
-                    snap.release()  # as ModelUpdateGroup does once the loaders copied the weights
+                for variant, suffix in (("crc", ""), ("nocrc", "_nocrc")):
+                    version += 1
+                    if rank == 0:
+                        t0 = time.perf_counter()
+                        handle = groups[variant].publish(model, version)  # returns once the snapshot is packed
+                        t1 = time.perf_counter()
+                        await handle.wait(300)
+                        dist.all_reduce(ack)  # the receiver loaded it
+                        t2 = time.perf_counter()
+                        if rep > 0:
+                            out[size]["total" + suffix].append(t2 - t0)
+                            out[size]["wire" + suffix].append(t2 - t1)
+                    else:
+                        report = await groups[variant].update(version, timeout=300)  # fetch + load
+                        assert report.version == version
+                        dist.all_reduce(ack)
+                if rank == 0 and rep > 0:
+                    out[size]["floor"].append(t_floor)
             del model, raw
-        await channel.close()
+        for channel in channels.values():
+            await channel.close()
         return out
 
     result = asyncio.run(run())
@@ -338,8 +362,13 @@ def main() -> None:
             rows.append(("local publish+fetch, end to end", size, got, "torch copy", floor))
     if "gloo" in channels:
         for size, g in gloo_channel(sizes, repeats).items():
-            rows.append(("gloo publish+fetch, end to end", size, g["total"], "raw gloo broadcast", g["floor"]))
-            rows.append(("  part: gloo after the pack (wire + verify)", size, g["wire"], "raw gloo broadcast", g["floor"]))
+            rows.append(("gloo publish+fetch+load, CRC-32, end to end", size, g["total"], "raw gloo broadcast", g["floor"]))
+            rows.append(("  part: after publish returned (wire + verify + load)", size, g["wire"], "raw gloo broadcast",
+                         g["floor"]))
+            rows.append(("gloo publish+fetch+load, no CRC (D42), end to end", size, g["total_nocrc"], "raw gloo broadcast",
+                         g["floor"]))
+            rows.append(("  part: after publish returned (wire + load)", size, g["wire_nocrc"], "raw gloo broadcast",
+                         g["floor"]))
     if "mooncake" in channels:
         from rollart.sync.mooncake import mooncake_unavailable_reason
 

@@ -28,7 +28,7 @@ def sim_config(**over) -> dict:
 def test_tensor_parallel_size_must_divide_the_pool_and_needs_a_multi_device_engine():
     with pytest.raises(ConfigError, match=r"rollout.pools.0.*devices must be a multiple of tensor_parallel_size=2.*got 3"):
         parse_config(sim_config(rollout={"pools": [{"name": "r", "devices": 3, "engine": "sim", "tensor_parallel_size": 2}]}))
-    with pytest.raises(ConfigError, match=r"tensor_parallel_size: engine 'torch' runs on one device.*allowed"):
+    with pytest.raises(ConfigError, match=r"tensor_parallel_size: engine 'torch' runs one device.*allowed"):
         parse_config({"rollout": {"pools": [{"name": "r", "devices": 2, "tensor_parallel_size": 2}]}})
     with pytest.raises(ConfigError, match="tensor_parallel_size"):
         parse_config(sim_config(rollout={"pools": [{"name": "r", "devices": 2, "engine": "sim", "tensor_parallel_size": 0}]}))

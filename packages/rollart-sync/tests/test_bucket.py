@@ -176,3 +176,22 @@ def test_chained_chunk_checksums_equal_the_bucket_checksum():
     packed.buffers[0][5] += 1.0  # a torn byte fails the chained checksum
     with pytest.raises(ChecksumMismatchError):
         verify_buckets(verified, packed.buffers)
+
+
+@given(st.lists(st.tuples(st.integers(0, 40), st.sampled_from([torch.float32, torch.bfloat16, torch.int64])),
+                min_size=1, max_size=12), st.integers(1, 256))
+def test_the_manifest_planned_before_the_copy_is_the_packed_one(shapes, bucket_bytes):
+    """D41: the channel sends plan_manifest's manifest before packing; it must describe what pack_buckets packs."""
+    from rollart.sync.bucket import buffers_for, fill_bucket, plan_manifest
+
+    named = [(f"t{i}", torch.arange(n).to(dtype)) for i, (n, dtype) in enumerate(shapes)]
+    packed = pack_buckets(named, 3, bucket_bytes, checksums=False)
+    planned = plan_manifest(named, 3, bucket_bytes)
+    assert planned == packed.manifest
+    spare = [b.clone().fill_(0) for b in packed.buffers]
+    ptrs = {b.data_ptr() for b in spare}
+    buffers = buffers_for(planned, spare)
+    assert {b.data_ptr() for b in buffers} == ptrs and spare == []  # every bucket packed into reused memory
+    for spec, buffer in zip(planned.buckets, buffers):
+        fill_bucket(buffer, spec, dict(named))
+    assert all(torch.equal(a, b) for a, b in zip(buffers, packed.buffers))

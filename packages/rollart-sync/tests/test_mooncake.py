@@ -156,3 +156,36 @@ async def test_released_snapshot_buffers_are_received_into_again(mooncake: Moonc
         assert torch.equal(kept.tensors["w"], torch.full((3000,), 1.0))
     finally:
         await channel.close()
+
+
+class KeepingLoader:
+    """Keeps the mapping it was given, as LLMProxy.update_weights does for workers that come back later."""
+
+    def __init__(self) -> None:
+        self.kept: dict[str, torch.Tensor] | None = None
+        self.kept_version: int | None = None
+        self.intact_at_next_load: list[bool] = []
+
+    async def load_weights(self, weights, version: int) -> None:
+        if self.kept is not None:  # the next version was fetched: what we kept must still be the old version
+            expected = _weights_of(self.kept_version)
+            self.intact_at_next_load.append(all(_bits_equal(self.kept[k], expected[k]) for k in expected))
+        self.kept, self.kept_version = dict(weights), version
+
+
+def _weights_of(version: int) -> dict[str, torch.Tensor]:
+    return {"w": torch.full((3000,), float(version)), "i": torch.arange(10) * version}
+
+
+async def test_a_loader_that_keeps_the_views_sees_them_unchanged_until_the_next_version_is_loaded(mooncake: MooncakeConfig):
+    """D44: the group holds the last loaded snapshot, so a fetch never receives into views a loader still keeps."""
+    channel = await MooncakeChannel.connect(mooncake, model="keepviews", keep_last=2, bucket_bytes=4096, timeout=30)
+    loader = KeepingLoader()
+    group = ModelUpdateGroup(channel, [loader], timeout=30)
+    try:
+        for v in (1, 2, 3, 4):
+            await group.model_update(_weights_of(v), v)
+        assert loader.intact_at_next_load == [True, True, True]
+        assert all(_bits_equal(loader.kept[k], t) for k, t in _weights_of(4).items())
+    finally:
+        await channel.close()

@@ -70,6 +70,7 @@ class WorldSpec:
     mooncake: Any = None  # rollart.sync MooncakeConfig for channel == "mooncake"
     timeout_s: float = 120.0
     megatron: bool = False  # every rank also builds megatron's parallel state (its groups are collectives)
+    checksums: bool = False  # torch_dist: CRC-32 per bucket (rollart-sync D42; off for TCP and NCCL)
 
 
 def free_address() -> str:
@@ -121,8 +122,11 @@ class SyncEndpoint:
         if world.channel == "torch_dist":
             from rollart.sync.torch_dist import TorchDistributedChannel
 
+            # under NCCL every member is on CUDA (D72): buffers live on the actor's device (sync D43)
+            device = "cuda:0" if world.backend == "nccl" else "cpu"
             self.channel = TorchDistributedChannel(group=update_group, src_rank=world.trainer_ranks[0],
-                                                   keep_last=world.keep_last, bucket_bytes=world.bucket_bytes)
+                                                   keep_last=world.keep_last, bucket_bytes=world.bucket_bytes,
+                                                   device=device, checksums=world.checksums)
         elif world.channel == "mooncake":
             from rollart.sync.mooncake import MooncakeChannel
 
@@ -153,7 +157,12 @@ class RolloutActor(Worker):
         super().__init__(context)
         import torch
 
+        from rollart.resource.accelerators import assigned_placement
+
         torch.set_num_threads(1)
+        self._placement = assigned_placement(f"{context.owner}/{context.rank}")  # D70
+        if engine.kind == "torch":
+            engine = dataclasses.replace(engine, device=self._placement.device)
         self._worker = InferenceWorker(f"{context.owner}-{context.rank}", engine.build,
                                        hardware=context.hw, devices=context.devices)
         self._sync = SyncEndpoint()
@@ -163,6 +172,10 @@ class RolloutActor(Worker):
     async def start(self) -> None:
         """Start the worker loop inside the actor's event loop."""
         await self._worker.start()
+
+    def device_kind(self) -> str:
+        """`cuda` or `cpu`: where this actor's engine runs (the world's backend follows, D72)."""
+        return self._placement.kind
 
     async def join(self, world: WorldSpec, rank: int) -> None:
         """Join the weight-sync world as `rank`."""
@@ -260,7 +273,10 @@ class TrainerActor(Worker):
         super().__init__(context)
         import torch
 
+        from rollart.resource.accelerators import assigned_placement
+
         torch.set_num_threads(1)
+        self._placement = assigned_placement(f"{context.owner}/{context.rank}")  # D70
         self._model = model
         self._backend = backend
         self._trainer_config = trainer_config
@@ -276,11 +292,16 @@ class TrainerActor(Worker):
         """Join the world, then build the trainer over the data-parallel group."""
         await self._sync.join(world, rank)
         self._trainer = build_trainer(self._model, self._backend, self._trainer_config,
-                                      process_group=self._sync.dp_group if len(world.trainer_ranks) > 1 else None)
+                                      process_group=self._sync.dp_group if len(world.trainer_ranks) > 1 else None,
+                                      device=self._placement.device)
 
     def start_local(self) -> None:
         """Build the trainer without a world (one replica, local channel)."""
-        self._trainer = build_trainer(self._model, self._backend, self._trainer_config)
+        self._trainer = build_trainer(self._model, self._backend, self._trainer_config, device=self._placement.device)
+
+    def device_kind(self) -> str:
+        """`cuda` or `cpu`: where this replica's model lives (the world's backend follows, D72)."""
+        return self._placement.kind
 
     async def train_step(self, shard: Any) -> dict[str, float]:
         """One optimizer step over this replica's shard (gradients summed over the group)."""
@@ -357,15 +378,16 @@ def release_megatron_parallel_state() -> None:
         dist.destroy_process_group()
 
 
-def build_trainer(model: ModelSpec, backend: str, trainer_config: Any, process_group: Any = None) -> Any:
+def build_trainer(model: ModelSpec, backend: str, trainer_config: Any, process_group: Any = None,
+                  device: str | None = None) -> Any:
     """A TorchTrainer (or MegatronTrainer) over the model built from the spec, starting from the same
-    weights as every engine (version 0 needs no transfer)."""
+    weights as every engine (version 0 needs no transfer), on `device` (the actor's assignment, D70)."""
     if backend == "megatron":
         from rollart.train.megatron_trainer import MegatronTrainer
 
         init_megatron_parallel_state()
         return MegatronTrainer(model.hf_config(), trainer_config, hf_state_dict=model.build_module().state_dict(),
-                               seed=model.seed, process_group=process_group)
+                               seed=model.seed, process_group=process_group, device=device)
     from rollart.train.torch_trainer import TorchTrainer
 
-    return TorchTrainer(model.build_module(), trainer_config, process_group=process_group)
+    return TorchTrainer(model.build_module(), trainer_config, process_group=process_group, device=device)

@@ -130,18 +130,18 @@ def check_cluster_capacity(config: RunConfig, resources: dict[str, float]) -> No
 
 async def start_pools(config: RunConfig, model: ModelSpec, placement: Placement, runtime: Any | None) -> list[Any]:
     """Every pool's workers in config order (rank order of the proxy): Ray actors or in-process workers."""
-    from rollart.app.ray_workers import start_rollout_actors
+    from rollart.app.ray_workers import start_rollout_actors, tp_groups
 
     workers: list[Any] = []
     for pool in config.rollout.pools:
-        tp = pool.tensor_parallel_size
-        spec = EngineSpec(pool.engine, model, pool.hardware, pool.max_num_seqs, dict(pool.engine_args), tp)
+        spec = EngineSpec(pool.engine, model, pool.hardware, pool.max_num_seqs, dict(pool.engine_args),
+                          pool.tensor_parallel_size, pool.gpu_memory_utilization, pool.dtype)
         devices = placement.pools[pool.name]
         if runtime is not None and pool.engine != "sim":
-            workers += await start_rollout_actors(runtime, pool.name, spec, devices)
+            workers += await start_rollout_actors(runtime, pool.name, spec, devices,
+                                                  devices_per_worker=pool.tensor_parallel_size)
             continue
-        for rank in range(len(devices) // tp):  # an engine of TP = k spans k devices (D60)
-            group = tuple(devices[rank * tp:(rank + 1) * tp])
+        for rank, group in enumerate(tp_groups(devices, pool.tensor_parallel_size)):
             w = InferenceWorker(f"{pool.name}-{rank}", spec.build, hardware=pool.hardware, devices=group)
             await w.start()
             workers.append(w)
@@ -174,6 +174,16 @@ async def start_trainer(config: RunConfig, model: ModelSpec, placement: Placemen
     return ActorTrainerGroup(runtime, handles, timeout_s=config.pipeline.update_timeout_s * 10)
 
 
+async def world_backend(trainer: ActorTrainerGroup, rollout: list[Any]) -> str:
+    """nccl when every member of the world placed its model on CUDA, gloo when every one is on CPU; a mixed
+    world is refused with the ranks on each kind (rollart-resource D36, app D72)."""
+    from rollart.resource.accelerators import collective_backend
+
+    kinds = await asyncio.gather(*(trainer.call(r, "device_kind") for r in range(len(trainer.handles))),
+                                 *(w.call("device_kind") for w in rollout))
+    return collective_backend(list(kinds))
+
+
 async def connect_world(config: RunConfig, trainer: ActorTrainerGroup, rollout: list[Any]) -> list[Any]:
     """Join trainer replicas and rollout actors in one torch.distributed world; open the channel.
 
@@ -196,11 +206,13 @@ async def connect_world(config: RunConfig, trainer: ActorTrainerGroup, rollout: 
         closers.append(services.stop)
     n_train = len(trainer.handles)
     init = await trainer.call(0, "rendezvous")
+    backend = await world_backend(trainer, rollout)
     world = WorldSpec(init_method=init, world_size=n_train + len(rollout), trainer_ranks=tuple(range(n_train)),
-                      rollout_ranks=tuple(range(n_train, n_train + len(rollout))), backend="gloo",
+                      rollout_ranks=tuple(range(n_train, n_train + len(rollout))), backend=backend,
                       channel=config.sync.channel, keep_last=config.sync.keep_last,
                       bucket_bytes=int(config.sync.bucket_mb * (1 << 20)), mooncake=mooncake,
-                      timeout_s=config.pipeline.update_timeout_s * 2, megatron=config.trainer.backend == "megatron")
+                      timeout_s=config.pipeline.update_timeout_s * 2, megatron=config.trainer.backend == "megatron",
+                      checksums=config.sync.checksums)
     await asyncio.gather(*(trainer.call(r, "join", world, r) for r in range(n_train)),
                          *(w.call("join", world, n_train + i) for i, w in enumerate(rollout)))
     return closers

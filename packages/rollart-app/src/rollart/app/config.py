@@ -176,14 +176,14 @@ class ModelSection(_Strict):
 
 
 class RolloutPool(_Strict):
-    """One pool of rollout workers on one hardware type, one worker per device."""
+    """One pool of rollout workers on one hardware type, one worker per `tensor_parallel_size` devices."""
 
     name: str = Field(..., min_length=1)
     """Pool name, unique in `rollout.pools`."""
     hardware: str = "H800"
     """Hardware type of the pool's devices (a name from the rollart-resource catalogue, e.g. `H800`, `H20`)."""
     devices: int = Field(1, ge=1)
-    """Devices in the pool, one inference worker each."""
+    """Devices in the pool; one inference worker per `tensor_parallel_size` of them."""
     engine: str = "torch"
     """Inference engine: `torch`, `vllm` or `sim` (simulated roofline engine)."""
     engine_args: dict[str, Any] = Field(default_factory=dict)
@@ -191,17 +191,33 @@ class RolloutPool(_Strict):
     max_num_seqs: int = Field(16, ge=1)
     """Sequences one worker decodes together."""
     tensor_parallel_size: int = Field(1, ge=1)
-    """Devices one engine spans (tensor parallelism): weights and KV split over them; `devices` is a multiple of it (design D60)."""
+    """Devices one engine shards the model over (vLLM); the pool runs `devices / tensor_parallel_size` engines,
+    each on one node (one placement-group bundle); weights and KV split over the group (the simulator prices it,
+    app D60). `torch` engines take 1."""
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    """vLLM pools: the fraction of each GPU the engine may take (weights + KV); None: vLLM's default."""
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """vLLM pools: the engine's weight dtype; None: `model.dtype`."""
 
     @model_validator(mode="after")
-    def _tp_groups(self) -> RolloutPool:
-        if self.devices % self.tensor_parallel_size:
-            raise ValueError(f"devices must be a multiple of tensor_parallel_size={self.tensor_parallel_size} "
-                             f"(one engine per {self.tensor_parallel_size} devices), got {self.devices}")
-        if self.tensor_parallel_size > 1 and self.engine == "torch":
-            raise ValueError(f"tensor_parallel_size: engine 'torch' runs on one device; got {self.tensor_parallel_size} "
-                             "(allowed: 1, or engine 'vllm' / 'sim')")
+    def _tensor_parallel(self) -> RolloutPool:
+        tp = self.tensor_parallel_size
+        if self.devices % tp:
+            raise ValueError(f"rollout.pools.{self.name}.devices must be a multiple of tensor_parallel_size={tp} "
+                             f"(each engine takes {tp} devices), got {self.devices}")
+        if tp > 1 and self.engine == "torch":
+            raise ValueError(f"rollout.pools.{self.name}.tensor_parallel_size: engine 'torch' runs one device per engine "
+                             f"(allowed: 1), got {tp}; use engine: vllm to shard a model over devices")
+        for knob in ("gpu_memory_utilization", "dtype"):
+            if getattr(self, knob) is not None and self.engine != "vllm":
+                raise ValueError(f"rollout.pools.{self.name}.{knob} applies to engine 'vllm' only, "
+                                 f"got engine {self.engine!r}")
         return self
+
+    @property
+    def engines(self) -> int:
+        """Engines (inference workers) in the pool: one per `tensor_parallel_size` devices."""
+        return self.devices // self.tensor_parallel_size
 
 
 class RolloutSection(_Strict):
@@ -242,6 +258,9 @@ class SyncSection(_Strict):
     """Size bound of one weight bucket (MB)."""
     keep_last: int = Field(2, ge=1)
     """Published versions the channel keeps."""
+    checksums: bool = False
+    """`torch_dist`: CRC-32 every bucket on both sides. Off by default: gloo runs over TCP and NCCL over links with
+    their own CRC, so a torn bucket fails the collective (rollart-sync D42); on for a transport you distrust."""
 
 
 REMOVED_TRAINER_FIELDS = {

@@ -26,6 +26,10 @@ class EngineSpec:
     max_num_seqs: int = 16
     engine_args: dict[str, Any] = field(default_factory=dict)
     tensor_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None
+    dtype: str | None = None
+    device: str = "cpu"
+    """Where a torch engine runs: set by the Ray actor from the GPU ids Ray assigned it (D70)."""
 
     def build(self) -> Any:
         """Construct the engine (loads weights for torch and vllm; sim holds none)."""
@@ -33,13 +37,17 @@ class EngineSpec:
         if self.kind == "torch":
             from rollart.proxy.torch_engine import TorchEngine
 
-            return TorchEngine(self.model.build_module(), max_num_seqs=self.max_num_seqs, **args)
+            return TorchEngine(self.model.build_module(), max_num_seqs=self.max_num_seqs, device=self.device,
+                               tensor_parallel_size=self.tensor_parallel_size, **args)
         if self.kind == "vllm":
             from rollart.proxy.vllm_engine import VLLMEngine
 
             assert self.model.path is not None, "vllm needs model.path (checked by the config)"
-            args.setdefault("dtype", self.model.dtype)
+            args.setdefault("dtype", self.dtype or self.model.dtype)
             args.setdefault("seed", self.model.seed)
+            args.setdefault("tensor_parallel_size", self.tensor_parallel_size)
+            if self.gpu_memory_utilization is not None:
+                args.setdefault("gpu_memory_utilization", self.gpu_memory_utilization)
             return VLLMEngine(self.model.path, max_num_seqs=self.max_num_seqs, **args)
         if self.kind == "sim":
             from rollart.proxy.sim_engine import SimEngine

@@ -145,6 +145,11 @@ class PoolPlan:
     max_num_seqs: int
     max_context: int
     memory: DeviceMemory
+    tensor_parallel_size: int = 1
+    device_kind: str = "cpu"
+    """Where its engines run on a GPU cluster (cuda for hardware with device memory, D70); `sim`: none."""
+    tp_groups: tuple[tuple[int, ...], ...] = ()
+    """The pool's device indices per engine: each group is one placement-group bundle on one node (D71)."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +161,9 @@ class TrainerPlan:
     devices: int
     hardware: str
     memory: DeviceMemory
+    device_kind: str = "cpu"
+    dp_backend: str = "gloo"
+    """The data-parallel group's collective backend on a GPU cluster (nccl when every replica is on CUDA)."""
 
 
 @dataclass(frozen=True)
@@ -195,6 +203,8 @@ class Plan:
     devices: dict[str, int]
     cluster: str
     warnings: list[str] = field(default_factory=list)
+    sync_backend: str = "gloo"
+    """The torch_dist weight channel's backend on a GPU cluster ('refused: mixed' for a mixed world, D72)."""
     assumptions: tuple[str, ...] = ASSUMPTIONS
 
 
@@ -211,6 +221,28 @@ def rollout_memory(shape: ModelShape, max_num_seqs: int, max_context: int, hardw
     weights = -(-param_count(shape) * DTYPE_BYTES[shape.dtype] // tp)
     kv = -(-kv_bytes_per_token(shape) * max_num_seqs * max_context // min(tp, shape.num_kv_heads))
     return DeviceMemory(weights=weights, kv_cache=kv, hbm=_hbm(hardware))
+
+
+def gpu_placement(config: RunConfig) -> tuple[list[str], str, str, str]:
+    """Device kind per pool and for the trainer, the trainer's DP backend and the sync channel's backend on a GPU
+    cluster, from the hardware catalogue (rollart-resource D35/D36); a mixed sync world reads 'refused: ...'."""
+    # deps: device_kind_for_hardware, collective_backend
+    from rollart.resource.accelerators import BACKENDS, MixedWorldError, collective_backend, device_kind_for_hardware
+    from rollart.resource.hardware import BUILTIN_HARDWARE
+
+    def kind(hw: str, engine: str) -> str:
+        return "sim" if engine == "sim" else device_kind_for_hardware(BUILTIN_HARDWARE[hw].hbm_gb)
+
+    pools = [kind(p.hardware, p.engine) for p in config.rollout.pools]
+    trainer = kind(config.trainer.hardware, config.trainer.backend)
+    dp = BACKENDS.get(trainer, "-")
+    members = [k for k in [trainer, *pools] if k != "sim"]
+    if config.sync.channel != "torch_dist" or not members:
+        return pools, trainer, dp, "-"
+    try:
+        return pools, trainer, dp, collective_backend(members)
+    except MixedWorldError:
+        return pools, trainer, dp, "refused: mixed cuda/cpu world"
 
 
 def trainer_memory(shape: ModelShape, backend: str, devices: int, hardware: str) -> DeviceMemory:
@@ -310,20 +342,24 @@ def make_plan(config: RunConfig, base_dir: Path | None = None, tokenizer: Any = 
     from rollart.app.task_factory import build_task
 
     shape = model_shape(config)
+    kinds, trainer_kind, dp_backend, sync_backend = gpu_placement(config)
     pools = []
     for i, pool in enumerate(config.rollout.pools):
         origin = engine_origin(pool.engine, base_dir, field=f"rollout.pools.{i}.engine")
         context = int(pool.engine_args.get("max_model_len") or shape.max_positions)
+        tp = pool.tensor_parallel_size
         pools.append(PoolPlan(pool.name, pool.hardware, pool.devices, pool.engine, origin, pool.max_num_seqs, context,
-                              rollout_memory(shape, pool.max_num_seqs, context, pool.hardware, pool.tensor_parallel_size)))
+                              rollout_memory(shape, pool.max_num_seqs, context, pool.hardware, tp), tp, kinds[i],
+                              tuple(tuple(range(s, s + tp)) for s in range(0, pool.devices, tp))))
     t = config.trainer
     check_trainer_fits(config)
-    trainer = TrainerPlan(t.backend, t.placement, t.devices, t.hardware, trainer_memory(shape, t.backend, t.devices, t.hardware))
+    trainer = TrainerPlan(t.backend, t.placement, t.devices, t.hardware, trainer_memory(shape, t.backend, t.devices, t.hardware),
+                          trainer_kind, dp_backend)
     sim = sim_trainer_memory(config)
     if sim is not None:  # the simulated trainer's sharded states and activations (rollart-train D24)
         trainer = TrainerPlan(t.backend, t.placement, sim.devices, t.hardware, DeviceMemory(
             weights=int(sim.weights), grads=int(sim.grads), optimizer=int(sim.optimizer), hbm=trainer.memory.hbm,
-            activations=int(sim.activations)))
+            activations=int(sim.activations)), trainer_kind, dp_backend)
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config)
     tasks = []
     for i, task in enumerate(config.tasks):
@@ -335,14 +371,20 @@ def make_plan(config: RunConfig, base_dir: Path | None = None, tokenizer: Any = 
         tasks.append(TaskPlan(i, task.name, task.tag, parts.env_origin, parts.reward_origin, parts.prompts))
     warnings = []
     for p in pools:
+        if shape.num_heads % p.tensor_parallel_size:
+            warnings.append(f"rollout.pools.{p.name}.tensor_parallel_size={p.tensor_parallel_size} does not divide the "
+                            f"model's {shape.num_heads} attention heads (vLLM shards heads evenly)")
         if p.memory.over:
             warnings.append(f"rollout.pools.{p.name}: estimated {p.memory.total / GB:.1f} GB per device exceeds "
                             f"{p.hardware}'s {p.memory.hbm / GB:.0f} GB (lower max_num_seqs or engine_args.max_model_len)")
+    if sync_backend.startswith("refused"):
+        warnings.append(f"sync: the torch_dist world mixes cuda and cpu members (pools {kinds}, trainer {trainer_kind}); "
+                        "the run refuses it: give every member GPUs or none")
     if trainer.memory.over:
         warnings.append(f"trainer: estimated {trainer.memory.total / GB:.1f} GB per device exceeds "
                         f"{trainer.hardware}'s {trainer.memory.hbm / GB:.0f} GB (more trainer.devices, or backend megatron)")
     return Plan(shape, param_count(shape), pools, trainer, config.sync.channel, config.sync.bucket_mb, routing_table(config),
-                tasks, required_devices(config), config.cluster.ray, warnings)
+                tasks, required_devices(config), config.cluster.ray, warnings, sync_backend)
 
 
 def _count(n: int) -> str:
@@ -361,23 +403,29 @@ def render_plan(plan: Plan, console: Console) -> None:
     console.print(f"[bold]cluster[/bold] ray: {plan.cluster}; devices needed: "
                   + ", ".join(f"{hw} x {n}" for hw, n in sorted(plan.devices.items())))
     pools = Table(title="rollout pools (memory per device, GB)")
-    for col in ("pool", "hardware", "devices", "engine", "max_num_seqs", "context", "weights", "KV cache", "total", "HBM"):
+    for col in ("pool", "hardware", "devices", "device", "TP groups", "engine", "max_num_seqs", "context", "weights",
+                "KV cache", "total", "HBM"):
         pools.add_column(col)
     for p in plan.pools:
         style = "red" if p.memory.over else None
-        pools.add_row(p.name, p.hardware, str(p.devices), f"{p.engine} [dim]({p.engine_origin})[/dim]", str(p.max_num_seqs),
+        groups = f"{len(p.tp_groups)} x TP {p.tensor_parallel_size}: " + " ".join(
+            "[" + ",".join(map(str, g)) + "]" for g in p.tp_groups)
+        pools.add_row(p.name, p.hardware, str(p.devices), p.device_kind, groups,
+                      f"{p.engine} [dim]({p.engine_origin})[/dim]", str(p.max_num_seqs),
                       str(p.max_context), _gb(p.memory.weights), _gb(p.memory.kv_cache), _gb(p.memory.total),
                       _gb(p.memory.hbm), style=style)
     console.print(pools)
     tr = plan.trainer
     trainer = Table(title="trainer (memory per device, GB)")
-    for col in ("backend", "placement", "devices", "hardware", "weights", "grads", "optimizer", "activations", "total", "HBM"):
+    for col in ("backend", "placement", "devices", "hardware", "device", "DP group", "weights", "grads", "optimizer",
+                "activations", "total", "HBM"):
         trainer.add_column(col)
-    trainer.add_row(tr.backend, tr.placement, str(tr.devices), tr.hardware, _gb(tr.memory.weights), _gb(tr.memory.grads),
-                    _gb(tr.memory.optimizer), _gb(tr.memory.activations), _gb(tr.memory.total), _gb(tr.memory.hbm),
-                    style="red" if tr.memory.over else None)
+    trainer.add_row(tr.backend, tr.placement, str(tr.devices), tr.hardware, tr.device_kind, tr.dp_backend,
+                    _gb(tr.memory.weights), _gb(tr.memory.grads), _gb(tr.memory.optimizer), _gb(tr.memory.activations),
+                    _gb(tr.memory.total), _gb(tr.memory.hbm), style="red" if tr.memory.over else None)
     console.print(trainer)
-    console.print(f"[bold]sync[/bold] channel {plan.sync_channel}, bucket {plan.bucket_mb:g} MB")
+    console.print(f"[bold]sync[/bold] channel {plan.sync_channel}, bucket {plan.bucket_mb:g} MB, "
+                  f"backend on a GPU cluster: {plan.sync_backend}")
     routes = Table(title="routing (tag -> hardware -> pools)")
     for col in ("tag", "hardware", "pools", "tasks"):
         routes.add_column(col)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from rollart import checks as check
 from rollart.app.actors import RolloutActor, TrainerActor
 from rollart.app.engines import EngineSpec
 from rollart.app.model_source import ModelSpec
@@ -46,16 +47,28 @@ class RayWorkerHandle(RemoteWorkerHandle):
 
 
 async def start_rollout_actors(runtime: RayRuntime, owner: str, engine: EngineSpec, devices: list[int],
-                               timeout_s: float = 300.0) -> list[RayWorkerHandle]:
-    """One RolloutActor per device of a pool, all spawned and started concurrently."""
-    async def one(rank: int, device: int) -> RayWorkerHandle:
-        ctx = WorkerContext(owner=owner, rank=rank, world_size=len(devices), hw=engine.hardware, devices=(device,))
+                               timeout_s: float = 300.0, devices_per_worker: int = 1) -> list[RayWorkerHandle]:
+    """One RolloutActor per `devices_per_worker` devices of a pool (its tensor-parallel group, one
+    placement-group bundle on one node: D71), all spawned and started concurrently."""
+    groups = tp_groups(devices, devices_per_worker)
+
+    async def one(rank: int, group: tuple[int, ...]) -> RayWorkerHandle:
+        ctx = WorkerContext(owner=owner, rank=rank, world_size=len(groups), hw=engine.hardware, devices=group)
         handle = await runtime.spawn(RolloutActor, ctx, (engine,), {}, timeout=timeout_s)
         wh = RayWorkerHandle(runtime, handle, ctx)
         await asyncio.wait_for(wh.call("start"), timeout_s)
         return wh
 
-    return list(await asyncio.gather(*(one(r, d) for r, d in enumerate(devices))))
+    return list(await asyncio.gather(*(one(r, g) for r, g in enumerate(groups))))
+
+
+def tp_groups(devices: list[int], size: int) -> list[tuple[int, ...]]:
+    """The pool's devices cut into consecutive tensor-parallel groups of `size`, one per engine."""
+    # VAL: VAL_INT_RANGE(size, min=1, max=max(1, len(devices)))
+    check.int_range("size", size, min=1, max=max(1, len(devices)))  # generated #c54cfcc091
+    # AST: AST_PRECONDITION(len(devices) % size == 0, got=(len(devices), size), msg="a pool's devices are a multiple of its tensor_parallel_size")
+    check.precondition(len(devices) % size == 0, "a pool's devices are a multiple of its tensor_parallel_size", got_lazy=lambda: (len(devices), size))  # generated #49ade1d445
+    return [tuple(devices[i : i + size]) for i in range(0, len(devices), size)]
 
 
 async def start_trainer_actors(runtime: RayRuntime, model: ModelSpec, backend: str, trainer_config: Any, hardware: str,

@@ -15,6 +15,7 @@ off each request is prefilled on its own from scratch (the step-11 engine, the b
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -39,6 +40,8 @@ from rollart.proxy.types import (
     EngineRequest,
 )
 from rollart.proxy.weight_identity import holds_weights
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -120,16 +123,27 @@ class TorchEngine:
         offload_to_thread: bool = True,
         batched_prefill: bool = True,
         prefix_cache: bool = True,
+        device: str = "cpu",
+        tensor_parallel_size: int = 1,
     ) -> None:
         """Wrap a loaded model; ``offload_to_thread`` runs forwards off the event loop thread;
-        ``batched_prefill`` and ``prefix_cache`` switch D27 and D28 (off = the step-11 engine)."""
+        ``batched_prefill`` and ``prefix_cache`` switch D27 and D28 (off = the step-11 engine).
+
+        ``device`` is where the model, its KV and every input live (``cuda:0`` from what Ray
+        assigned the actor, D48). One TorchEngine is one device: ``tensor_parallel_size`` > 1 is
+        refused (D49), a pool that shards a model over devices uses vLLM.
+        """
+        # AST: AST_PRECONDITION(tensor_parallel_size == 1, got=tensor_parallel_size, msg="TorchEngine runs one device per engine: tensor_parallel_size must be 1 (use engine: vllm to shard a model over devices)", exc=ProxyError)
+        check.precondition(tensor_parallel_size == 1, "TorchEngine runs one device per engine: tensor_parallel_size must be 1 (use engine: vllm to shard a model over devices)", got=tensor_parallel_size, exc=ProxyError)  # generated #738bd10ceb
         # VAL: VAL_INT_RANGE(max_num_seqs, min=1, max=4096, exc=ProxyError)
         check.int_range("max_num_seqs", max_num_seqs, min=1, max=4096, exc=ProxyError)  # generated #9935161f6a
         # VAL: VAL_INT_RANGE(max_kv_tokens, min=1, max=1 << 30, exc=ProxyError)
         check.int_range("max_kv_tokens", max_kv_tokens, min=1, max=1 << 30, exc=ProxyError)  # generated #b77dd22dcb
         # VAL: VAL_INT_RANGE(max_prefills_per_step, min=1, max=4096, exc=ProxyError)
         check.int_range("max_prefills_per_step", max_prefills_per_step, min=1, max=4096, exc=ProxyError)  # generated #05662c408b
-        self._model = model.eval()
+        self._device = torch.device(device)
+        self._model = model.to(self._device).eval()
+        logger.info("TorchEngine model on %s", self._device)
         self._max_num_seqs = max_num_seqs
         self._max_kv_tokens = max_kv_tokens
         self._max_prefills = max_prefills_per_step
@@ -300,7 +314,7 @@ class TorchEngine:
         self._counts["prompt_tokens_computed"] += sum(map(len, news))
         self._counts["prompt_tokens_reused"] += sum(cached)
         if len(seqs) == 1 and cached[0] == 0:  # nothing to pad or reuse: the plain forward
-            out = self._model(input_ids=torch.tensor([news[0]], dtype=torch.long), use_cache=True)
+            out = self._model(input_ids=torch.tensor([news[0]], dtype=torch.long, device=self._device), use_cache=True)
             seqs[0].cache = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
             return out.logits[:, -1]
         width_c, width_n = max(cached), max(map(len, news))
@@ -317,11 +331,13 @@ class TorchEngine:
         past = None
         if width_c > 0:
             past = DynamicCache(self._padded_prefixes(seqs, width_c))
-        out = self._model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+        dev = self._device  # built on the host row by row, moved once (D48)
+        out = self._model(input_ids=input_ids.to(dev), attention_mask=mask.to(dev), position_ids=position_ids.to(dev),
                           past_key_values=past, use_cache=True, logits_to_keep=1)
         layers = out.past_key_values.layers
         for i, (new, c) in enumerate(zip(news, cached)):
-            index = torch.cat([torch.arange(width_c - c, width_c), torch.arange(width_c + width_n - len(new), width_c + width_n)])
+            index = torch.cat([torch.arange(width_c - c, width_c),
+                               torch.arange(width_c + width_n - len(new), width_c + width_n)]).to(dev)
             seqs[i].cache = [(layer.keys[i : i + 1].index_select(2, index), layer.values[i : i + 1].index_select(2, index))
                              for layer in layers]
             seqs[i].prefix = None
@@ -361,7 +377,7 @@ class TorchEngine:
         if not keep:
             self._batch, self._batch_lens, self._batch_keys, self._batch_values = [], [], [], []
         elif len(keep) != len(self._batch):
-            index = torch.tensor(keep, dtype=torch.long)
+            index = torch.tensor(keep, dtype=torch.long, device=self._device)
             self._batch_keys = [k.index_select(0, index) for k in self._batch_keys]
             self._batch_values = [v.index_select(0, index) for v in self._batch_values]
             self._batch = [self._batch[i] for i in keep]
@@ -406,9 +422,9 @@ class TorchEngine:
         self._sync_batch()
         seqs = list(self._batch)
         longest = self._batch_keys[0].shape[2]
-        lens = torch.tensor(self._batch_lens, dtype=torch.long)
-        mask = (torch.arange(longest + 1)[None, :] >= (longest - lens)[:, None]).long()
-        input_ids = torch.tensor([[seq.token_ids[-1]] for seq in seqs], dtype=torch.long)
+        lens = torch.tensor(self._batch_lens, dtype=torch.long, device=self._device)
+        mask = (torch.arange(longest + 1, device=self._device)[None, :] >= (longest - lens)[:, None]).long()
+        input_ids = torch.tensor([[seq.token_ids[-1]] for seq in seqs], dtype=torch.long, device=self._device)
         out = self._model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -434,6 +450,8 @@ class TorchEngine:
         return finished
 
     def _append(self, seq: _Sequence, logits: torch.Tensor) -> EngineOutput | None:
+        if logits.device.type != "cpu":
+            logits = logits.cpu()  # sampling draws from the request's host generator (bit-reproducible)
         token, logprob = sample_next(logits, seq.request.params, seq.generator)
         seq.token_ids.append(token)
         seq.logprobs.append(logprob)
@@ -462,8 +480,8 @@ class TorchEngine:
             return
         host: dict[str, torch.Tensor] = {}
         for name, param in self._model.named_parameters():
-            host[name] = param.data
-            param.data = torch.empty(0, dtype=param.dtype)
+            host[name] = param.data if self._device.type == "cpu" else param.data.cpu()
+            param.data = torch.empty(0, dtype=param.dtype, device=self._device)
         self._host_params = host
 
     async def reload(self) -> None:
@@ -471,7 +489,7 @@ class TorchEngine:
         if self._host_params is None:
             return
         for name, param in self._model.named_parameters():
-            param.data = self._host_params[name]
+            param.data = self._host_params[name].to(self._device)
         self._host_params = None
 
     async def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:

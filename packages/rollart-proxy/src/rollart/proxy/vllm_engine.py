@@ -106,8 +106,21 @@ class VLLMEngine:
         version: int = 0,
         in_process: bool = True,
         engine_kwargs: Mapping[str, Any] | None = None,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float | None = None,
     ) -> None:
-        """Start a vLLM engine on a local model directory (tens of seconds on CPU)."""
+        """Start a vLLM engine on a local model directory (tens of seconds on CPU).
+
+        ``tensor_parallel_size`` shards the model over that many of the devices Ray assigned the
+        actor (one placement-group bundle on one node, D50); above 1 vLLM needs its multiprocess
+        executor, so the uni-process one is not asked for. ``gpu_memory_utilization`` is the
+        fraction of each GPU vLLM may take (weights + KV); on the CPU backend it would reserve host
+        memory, so there the KV cache is sized in bytes instead and the fraction is not passed.
+        """
+        # VAL: VAL_INT_RANGE(tensor_parallel_size, min=1, max=64, exc=ProxyError)
+        check.int_range("tensor_parallel_size", tensor_parallel_size, min=1, max=64, exc=ProxyError)  # generated #6ea5ef7946
+        # AST: AST_PRECONDITION(gpu_memory_utilization is None or 0.0 < gpu_memory_utilization <= 1.0, got=gpu_memory_utilization, msg="gpu_memory_utilization is a fraction of each GPU in (0, 1]", exc=ProxyError)
+        check.precondition(gpu_memory_utilization is None or 0.0 < gpu_memory_utilization <= 1.0, "gpu_memory_utilization is a fraction of each GPU in (0, 1]", got=gpu_memory_utilization, exc=ProxyError)  # generated #8b565ea8ee
         # VAL: VAL_INT_RANGE(max_num_seqs, min=1, max=4096, exc=ProxyError)
         check.int_range("max_num_seqs", max_num_seqs, min=1, max=4096, exc=ProxyError)  # generated #9935161f6a
         # VAL: VAL_INT_RANGE(max_model_len, min=2, max=1 << 22, exc=ProxyError)
@@ -129,9 +142,12 @@ class VLLMEngine:
             "enforce_eager": True,
             "disable_log_stats": True,
             "enable_sleep_mode": self._sleep_mode,
+            "tensor_parallel_size": tensor_parallel_size,
         }
-        if in_process:
+        if in_process and tensor_parallel_size == 1:
             kwargs["distributed_executor_backend"] = "uni"
+        if gpu_memory_utilization is not None and not current_platform.is_cpu():
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         if current_platform.is_cpu():
             # On the CPU backend `gpu_memory_utilization` reserves that fraction of *host* memory
             # (0.92 by default) and refuses to start when it is not free; size the KV cache explicitly.

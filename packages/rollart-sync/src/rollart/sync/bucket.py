@@ -184,11 +184,62 @@ def plan_buckets(named: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int) -
     return buckets
 
 
-def _take_spare(spare: list[torch.Tensor], dtype: torch.dtype, numel: int) -> torch.Tensor | None:
+def _take_spare(spare: list[torch.Tensor], dtype: torch.dtype, numel: int, device: str = "cpu") -> torch.Tensor | None:
     for i, candidate in enumerate(spare):
-        if candidate.dtype == dtype and candidate.numel() == numel and candidate.device.type == "cpu":
+        if candidate.dtype == dtype and candidate.numel() == numel and str(candidate.device) == str(torch.device(device)):
             return spare.pop(i)
     return None
+
+
+def plan_manifest(named: Sequence[tuple[str, torch.Tensor]], version: int, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Manifest:
+    """The manifest of a pack (checksums 0) from names, shapes and dtypes alone, before any byte is copied.
+
+    Why apart from the copy: a channel can send the manifest and start moving the first bucket
+    while the later ones are still being packed (D41).
+    """
+    names = [n for n, _ in named]
+    dtypes = [dtype_name(t.dtype) for _, t in named]
+    # VAL: VAL_INT_RANGE(version, min=0, max=MAX_VERSION, exc=SyncValidationError)
+    check.int_range("version", version, min=0, max=MAX_VERSION, exc=SyncValidationError)  # generated #c524180f30
+    # VAL: VAL_NON_EMPTY(names, exc=SyncValidationError)
+    check.non_empty("names", names, exc=SyncValidationError)  # generated #6afea93ecb
+    # VAL: VAL_UNIQUE(names, exc=SyncValidationError)
+    check.unique("names", names, exc=SyncValidationError)  # generated #d3eeae21fb
+    # VAL: VAL_SUBSET(dtypes, of=SUPPORTED_DTYPES, exc=SyncValidationError)
+    check.subset("dtypes", dtypes, of=SUPPORTED_DTYPES, exc=SyncValidationError)  # generated #479d677bf0
+    specs: list[BucketSpec] = []
+    for index, members in enumerate(plan_buckets(named, bucket_bytes)):
+        dtype = named[members[0]][1].dtype
+        entries = []
+        offset = 0
+        for i in members:
+            name, tensor = named[i]
+            entries.append(TensorEntry(name=name, shape=tuple(tensor.shape), offset=offset, numel=tensor.numel()))
+            offset += tensor.numel()
+        specs.append(BucketSpec(index=index, dtype=dtype_name(dtype), numel=offset,
+                                nbytes=offset * torch.empty((), dtype=dtype).element_size(), checksum=0,
+                                entries=tuple(entries)))
+    return Manifest(version=version, buckets=tuple(specs))
+
+
+def fill_bucket(buffer: torch.Tensor, spec: BucketSpec, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Copy one bucket's tensors into its flat buffer (one memcpy each, on whatever device both live on)."""
+    for e in spec.entries:
+        buffer[e.offset : e.offset + e.numel].copy_(tensors[e.name].detach().reshape(-1))
+
+
+def buffers_for(manifest: Manifest, spare: list[torch.Tensor] | None, device: str = "cpu") -> list[torch.Tensor]:
+    """One flat buffer per bucket on `device`: a spare of the same dtype, size and device where there is one.
+
+    Why reuse: writing into memory already touched is several times faster than into fresh pages
+    (D11, D12). Used spares are removed from the list.
+    """
+    out = []
+    for b in manifest.buckets:
+        dtype = SUPPORTED_DTYPES[b.dtype]
+        reused = _take_spare(spare, dtype, b.numel, device) if spare else None
+        out.append(reused if reused is not None else torch.empty(b.numel, dtype=dtype, device=device))
+    return out
 
 
 def pack_buckets(
@@ -201,7 +252,7 @@ def pack_buckets(
     """Copy the tensors into flat buckets (one memcpy each) and checksum them: a snapshot the trainer may overwrite.
 
     `checksums=False` leaves every bucket's checksum 0 for a channel that computes them itself while
-    the buckets are on the wire (TorchDistributedChannel, D34).
+    the buckets are on the wire (TorchDistributedChannel, D34), or needs none (D42).
 
     `spare` holds flat buffers of an earlier, no longer referenced snapshot (a publisher's own, after
     its transfer finished); a bucket of the same dtype and size is packed into one of them instead
@@ -209,44 +260,15 @@ def pack_buckets(
     are removed from the list.
     """
     named = as_named_list(named_tensors)
-    names = [n for n, _ in named]
-    dtypes = [dtype_name(t.dtype) for _, t in named]
-    # VAL: VAL_INT_RANGE(version, min=0, max=MAX_VERSION, exc=SyncValidationError)
-    check.int_range("version", version, min=0, max=MAX_VERSION, exc=SyncValidationError)  # generated #c524180f30
-    # VAL: VAL_NON_EMPTY(names, exc=SyncValidationError)
-    check.non_empty("names", names, exc=SyncValidationError)  # generated #6afea93ecb
-    # VAL: VAL_UNIQUE(names, exc=SyncValidationError)
-    check.unique("names", names, exc=SyncValidationError)  # generated #d3eeae21fb
-    # VAL: VAL_SUBSET(dtypes, of=SUPPORTED_DTYPES, exc=SyncValidationError)
-    check.subset("dtypes", dtypes, of=SUPPORTED_DTYPES, exc=SyncValidationError)  # generated #479d677bf0
-    specs: list[BucketSpec] = []
-    buffers: list[torch.Tensor] = []
-    for index, members in enumerate(plan_buckets(named, bucket_bytes)):
-        dtype = named[members[0]][1].dtype
-        total = sum(named[i][1].numel() for i in members)
-        buffer = _take_spare(spare, dtype, total) if spare else None
-        if buffer is None:
-            buffer = torch.empty(total, dtype=dtype)
-        entries = []
-        offset = 0
-        for i in members:
-            name, tensor = named[i]
-            numel = tensor.numel()
-            buffer[offset : offset + numel].copy_(tensor.detach().reshape(-1))
-            entries.append(TensorEntry(name=name, shape=tuple(tensor.shape), offset=offset, numel=numel))
-            offset += numel
-        buffers.append(buffer)
-        specs.append(
-            BucketSpec(
-                index=index,
-                dtype=dtype_name(dtype),
-                numel=total,
-                nbytes=total * buffer.element_size(),
-                checksum=bucket_checksum(buffer) if checksums else 0,
-                entries=tuple(entries),
-            )
-        )
-    return PackedWeights(manifest=Manifest(version=version, buckets=tuple(specs)), buffers=tuple(buffers))
+    # deps: plan_manifest, buffers_for, fill_bucket
+    manifest = plan_manifest(named, version, bucket_bytes)
+    buffers = buffers_for(manifest, spare)
+    tensors = dict(named)
+    for spec, buffer in zip(manifest.buckets, buffers):
+        fill_bucket(buffer, spec, tensors)
+    if checksums:
+        manifest = with_checksums(manifest, [bucket_checksum(b) for b in buffers])
+    return PackedWeights(manifest=manifest, buffers=tuple(buffers))
 
 
 def allocate_buffers(manifest: Manifest, device: str = "cpu") -> list[torch.Tensor]:

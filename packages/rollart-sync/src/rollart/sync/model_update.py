@@ -17,7 +17,7 @@ import torch
 
 from rollart import checks as check
 from rollart.sync.bucket import NamedTensors
-from rollart.sync.channel import DEFAULT_TIMEOUT_S, PublishHandle, WeightChannel
+from rollart.sync.channel import DEFAULT_TIMEOUT_S, PublishHandle, WeightChannel, WeightSnapshot
 from rollart.sync.errors import StaleVersionError, SyncError, SyncTimeoutError, SyncValidationError
 from rollart.sync.versioning import LATEST, VersionLedger, VersionSpec
 
@@ -33,9 +33,11 @@ class WeightLoader(Protocol):
 
         Called by `ModelUpdateGroup.update` once per fetched version, on every local worker that
         holds an older one, all at once and bounded by the update's deadline (cancelled past it).
-        `weights` are views into the channel's receive buffers, shared by every loader and reused
-        for the next fetch once all of them returned: copy into your own memory before returning,
-        never keep or modify the views. Return only when `version` is served; after an exception
+        `weights` are views into the channel's receive buffers, shared by every loader; they stay
+        unchanged until the next version is loaded into every worker (the group holds the snapshot
+        until then, D44), so a loader may serve straight from them (zero copy) or keep them for a
+        worker that comes back later, but must drop them when the next version arrives and never
+        modify them. Return only when `version` is served; after an exception
         (or the deadline) the group still counts the worker at its old version (the next update
         loads it again) and the update fails with `SyncError` (`SyncTimeoutError`).
         """
@@ -68,6 +70,7 @@ class ModelUpdateGroup:
         self._published = VersionLedger()
         self._held = [VersionLedger() for _ in self._loaders]
         self._apply_lock = asyncio.Lock()
+        self._held_snapshot: WeightSnapshot | None = None  # the last loaded version: loaders may keep its views (D44)
 
     @property
     def channel(self) -> WeightChannel:
@@ -117,7 +120,7 @@ class ModelUpdateGroup:
                 return_exceptions=True,
             )
             if all(not isinstance(r, BaseException) for r in results):
-                snapshot.release()  # every loader copied the weights: the channel may reuse the buffers
+                self._supersede(snapshot)
             failures = []
             for i, result in zip(targets, results):
                 if isinstance(result, BaseException):
@@ -135,6 +138,18 @@ class ModelUpdateGroup:
             check.postcondition(self._all_hold(snapshot.version), "every worker holds the fetched version or newer", got_lazy=lambda: self.worker_versions())  # generated #d7c783353e
         log.info("version %d loaded into workers %s (skipped %s)", snapshot.version, targets, list(skipped))
         return UpdateReport(version=snapshot.version, applied=tuple(targets), skipped=skipped, attempts=snapshot.attempts)
+
+    def _supersede(self, snapshot: WeightSnapshot) -> None:
+        """Hold `snapshot` (every loader serves from or keeps its views) and release the one it replaces.
+
+        Why not release at once: a loader such as LLMProxy keeps the mapping for workers that come
+        back later, and a channel that receives into released buffers would overwrite those views
+        with the next version while they are still tagged with this one.
+        """
+        # deps: WeightSnapshot.release
+        previous, self._held_snapshot = self._held_snapshot, snapshot
+        if previous is not None and previous is not snapshot:
+            previous.release()
 
     async def model_update(self, named_tensors: NamedTensors, version: int, timeout: float | None = None) -> UpdateReport:
         """Publish, wait until fetchable, and update the local workers: the synchronous pipeline's one call."""

@@ -8,6 +8,7 @@ issues collectives on it.
 from __future__ import annotations
 
 import asyncio
+import threading
 import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -19,13 +20,13 @@ from rollart import checks as check
 from rollart.sync._waiting import pick_version
 from rollart.sync.bucket import (
     DEFAULT_BUCKET_BYTES,
-    SUPPORTED_DTYPES,
     Manifest,
     NamedTensors,
     PackedWeights,
-    _take_spare,
-    allocate_buffers,
-    pack_buckets,
+    as_named_list,
+    buffers_for,
+    fill_bucket,
+    plan_manifest,
     unpack_buckets,
     verify_buckets,
     with_checksums,
@@ -82,8 +83,16 @@ class TorchDistributedChannel:
         max_attempts: int = 3,
         device: str = "cpu",
         receive_hook: Callable[[int, Sequence[torch.Tensor]], None] | None = None,
+        checksums: bool = True,
     ) -> None:
-        """receive_hook(attempt, buffers) sees received buffers before verification (fault-injection seam for tests)."""
+        """receive_hook(attempt, buffers) sees received buffers before verification (fault-injection seam for tests).
+
+        `device` is where the buffers live on this rank (`cuda:0` under NCCL, D43): packed from the
+        trainer's tensors there and received there, never staged through the host. `checksums=False`
+        (set on the source; receivers learn it from the header) drops the CRC-32 of every bucket for
+        a reliable transport (TCP under gloo, NCCL), D42; a receive_hook still verifies against
+        checksums, so a source with a hook-testing receiver keeps them on.
+        """
         import torch.distributed as dist
 
         # VAL: VAL_INT_RANGE(max_attempts, min=1, max=MAX_ATTEMPTS, exc=SyncValidationError)
@@ -98,6 +107,7 @@ class TorchDistributedChannel:
         self._max_attempts = max_attempts
         self._device = device
         self._receive_hook = receive_hook
+        self._checksums = checksums
         self._retained = RetainedVersions(keep_last)
         self._published = VersionLedger()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollart-sync-collectives")
@@ -121,32 +131,42 @@ class TorchDistributedChannel:
     # ---- the collective sequence (runs on the dedicated thread) -------------------------------------
 
     def _on_device(self, buffer: torch.Tensor) -> torch.Tensor:
-        return buffer if self._device == "cpu" else buffer.to(self._device)
+        return buffer if self._device == "cpu" else buffer.to(self._device)  # the small header and manifest only
 
     def _vote(self, corrupt: bool) -> bool:
         flag = torch.tensor([_CORRUPT if corrupt else _OK], dtype=torch.int64, device=self._device)
         self._dist.all_reduce(flag, op=self._dist.ReduceOp.MAX, group=self._group)
         return int(flag.item()) == _OK
 
-    def _broadcast_update(self, packed: PackedWeights) -> None:
+    def _broadcast_update(self, packed: PackedWeights, ready: Sequence[threading.Event], failed: threading.Event) -> None:
+        """Header, manifest, then each bucket as soon as `ready[i]` says the publisher packed it (D41).
+
+        `failed` set means the publisher's copy raised: the buckets still go (every rank follows
+        the same sequence) but the source votes corrupt on every attempt, so no receiver applies them.
+        """
         raw = packed.manifest.to_bytes()
-        header = torch.tensor([packed.manifest.version, len(raw), zlib.crc32(raw)], dtype=torch.int64, device=self._device)
+        header = torch.tensor([packed.manifest.version, len(raw), zlib.crc32(raw), int(self._checksums)],
+                              dtype=torch.int64, device=self._device)
         self._dist.broadcast(header, self._src, group=self._group)
         self._dist.broadcast(self._on_device(torch.frombuffer(bytearray(raw), dtype=torch.uint8)), self._src, group=self._group)
-        buffers = [self._on_device(b) for b in packed.buffers]
+        buffers = list(packed.buffers)
         chunks = wire_chunks(buffers)
         checksums: torch.Tensor | None = None
         for attempt in range(1, self._max_attempts + 1):
-            works = [self._dist.broadcast(c, self._src, group=self._group, async_op=True) for _, c in chunks]
-            if checksums is None:  # while the chunks move: the CRCs pack_buckets left out (D34)
+            works = []
+            for index, chunk in chunks:
+                ready[index].wait()
+                works.append(self._dist.broadcast(chunk, self._src, group=self._group, async_op=True))
+            if checksums is None and self._checksums:  # while the chunks move: the CRCs of every bucket (D34)
                 sums = [0] * len(buffers)
                 for index, chunk in chunks:
                     sums[index] = _crc(chunk, sums[index])
                 checksums = torch.tensor(sums, dtype=torch.int64, device=self._device)
             for work in works:
                 work.wait()
-            self._dist.broadcast(checksums, self._src, group=self._group)
-            if self._vote(corrupt=False):
+            if checksums is not None:
+                self._dist.broadcast(checksums, self._src, group=self._group)
+            if self._vote(corrupt=failed.is_set()):
                 return
             if attempt == self._max_attempts:
                 raise ChecksumMismatchError(
@@ -154,9 +174,9 @@ class TorchDistributedChannel:
                 )
 
     def _receive_update(self, spare: list[torch.Tensor]) -> tuple[Manifest, list[torch.Tensor], int]:
-        header = torch.empty(3, dtype=torch.int64, device=self._device)
+        header = torch.empty(4, dtype=torch.int64, device=self._device)
         self._dist.broadcast(header, self._src, group=self._group)
-        version, length, crc = (int(x) for x in header.cpu().tolist())
+        version, length, crc, with_sums = (int(x) for x in header.cpu().tolist())
         raw = torch.empty(length, dtype=torch.uint8, device=self._device)
         self._dist.broadcast(raw, self._src, group=self._group)
         raw_bytes = raw.cpu().numpy().tobytes()
@@ -164,24 +184,27 @@ class TorchDistributedChannel:
             # The bucket sizes are unknown, so this rank cannot follow the sequence: the group is unusable.
             raise ChecksumMismatchError(f"version {version}: manifest checksum mismatch; the process group must be rebuilt")
         manifest = Manifest.from_bytes(raw_bytes)
-        buffers = allocate_buffers(manifest, self._device)
-        if spare and self._device == "cpu":
-            for i, b in enumerate(manifest.buckets):
-                reused = _take_spare(spare, SUPPORTED_DTYPES[b.dtype], b.numel)
-                if reused is not None:
-                    buffers[i] = reused
+        buffers = buffers_for(manifest, spare, self._device)  # received straight into reused memory (D12)
         chunks = wire_chunks(buffers)
         checksums = torch.empty(len(manifest.buckets), dtype=torch.int64, device=self._device)
+        inline = self._receive_hook is None and with_sums
         for attempt in range(1, self._max_attempts + 1):
             works = [self._dist.broadcast(c, self._src, group=self._group, async_op=True) for _, c in chunks]
             got = [0] * len(buffers)
             for (index, chunk), work in zip(chunks, works):
                 work.wait()
-                if self._receive_hook is None:  # check this chunk while the next ones arrive
+                if inline:  # check this chunk while the next ones arrive
                     got[index] = _crc(chunk, got[index])
+            if not with_sums:  # a reliable transport, the source sends none (D42)
+                corrupt = False
+                if self._receive_hook is not None:
+                    self._receive_hook(attempt, buffers)
+                if self._vote(corrupt):
+                    return manifest, buffers, attempt
+                continue
             self._dist.broadcast(checksums, self._src, group=self._group)
             verified = with_checksums(manifest, checksums.cpu().tolist())
-            if self._receive_hook is None:
+            if inline:
                 corrupt = got != [b.checksum for b in verified.buckets]
             else:
                 self._receive_hook(attempt, buffers)
@@ -205,10 +228,26 @@ class TorchDistributedChannel:
         # VAL: VAL_VERSION_MONOTONIC(version, self._published.current, exc=StaleVersionError)
         check.version_monotonic("version", version, self._published.current, exc=StaleVersionError)  # generated #6e0d0cfa45
         spare, self._spare = self._spare, []
-        # the copy now (the snapshot); the CRCs on the collective thread while the chunks move (D34)
-        packed = pack_buckets(named_tensors, version, self._bucket_bytes, spare=spare, checksums=False)
+        named = as_named_list(named_tensors)
+        manifest = plan_manifest(named, version, self._bucket_bytes)
+        packed = PackedWeights(manifest, tuple(buffers_for(manifest, spare, self._device)))
+        ready = [threading.Event() for _ in manifest.buckets]
+        failed = threading.Event()
         self._published.advance(version)
-        future = asyncio.get_running_loop().run_in_executor(self._executor, self._broadcast_update, packed)
+        # the wire starts with bucket 0 while the later buckets are still being copied (D41); the
+        # snapshot is complete when publish returns, the CRCs (if any) run on the collective thread
+        future = asyncio.get_running_loop().run_in_executor(self._executor, self._broadcast_update, packed, ready, failed)
+        tensors = dict(named)
+        try:
+            for spec, buffer, event in zip(manifest.buckets, packed.buffers, ready):
+                fill_bucket(buffer, spec, tensors)
+                event.set()
+        except BaseException:
+            failed.set()  # the half-copied version is voted corrupt everywhere, never applied
+            raise
+        finally:  # a failed copy must not leave the collective thread waiting forever
+            for event in ready:
+                event.set()
 
         def _recycle(done: asyncio.Future[None]) -> None:
             if not done.cancelled() and done.exception() is None:

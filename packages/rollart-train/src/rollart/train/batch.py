@@ -68,6 +68,13 @@ class TrainBatch:
         """How many tokens the loss sees (policy-produced tokens over the whole batch)."""
         return int(self.loss_mask.sum().item())
 
+    def to(self, device: torch.device | str) -> TrainBatch:
+        """The batch on `device` (itself when already there): the trainer's model device decides (D27)."""
+        if self.input_ids.device == torch.device(device):
+            return self
+        kwargs = {f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device) for f in fields(self)}
+        return TrainBatch(**kwargs)
+
     def select(self, index: slice) -> TrainBatch:
         """The sub-batch of rows `index` (a slice), used to cut micro-batches without copying."""
         kwargs = {}

@@ -55,6 +55,7 @@ class MegatronTrainer(TorchTrainer):
         hf_state_dict: dict[str, torch.Tensor] | None = None,
         seed: int = 0,
         process_group: object = None,
+        device: str | None = None,
     ) -> None:
         """Build GPTModel from the HF config; needs torch.distributed and megatron parallel state.
 
@@ -66,6 +67,7 @@ class MegatronTrainer(TorchTrainer):
             seed: torch seed of megatron's CPU initialization when no weights are given.
             process_group: data-parallel replicas that average gradients with this one (TorchTrainer D12);
                 None for a single replica.
+            device: where the built model moves (`cuda:0` from Ray's assignment, D27); None keeps it on CPU.
         """
         # deps: megatron_config_from_hf, hf_to_megatron_state_dict
         # AST: AST_PRECONDITION(parallel_state.model_parallel_is_initialized(), got=torch.distributed.is_initialized(), msg="megatron parallel state is initialized (initialize_model_parallel); got is torch.distributed.is_initialized()", exc=TrainError)
@@ -90,7 +92,7 @@ class MegatronTrainer(TorchTrainer):
                 raise TrainError(
                     f"hf_state_dict must hold every Llama weight, missing {missing!r}, unexpected {result.unexpected_keys!r}"
                 )
-        super().__init__(model, config, process_group=process_group)
+        super().__init__(model, config, process_group=process_group, device=device)
 
     def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """GPTModel forward with explicit position ids and causal mask, under the CPU shims.

@@ -67,6 +67,11 @@ class TrainerConfig:
         check.of_type("loss", self.loss, LossConfig, exc=TrainError)  # generated #8035a1c634
 
 
+def _model_device(model: torch.nn.Module) -> torch.device:
+    first = next(model.parameters(), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
 def _trim_padding(batch: TrainBatch) -> TrainBatch:
     """Drop trailing columns that are padding in every row (micro-batches are often shorter)."""
     length = int(batch.attention_mask.sum(dim=1).max().item())
@@ -95,6 +100,7 @@ class TorchTrainer:
         config: TrainerConfig | None = None,
         reference_model: torch.nn.Module | None = None,
         process_group: Any = None,
+        device: str | None = None,
     ) -> None:
         """Take a built model (the scheduler and proxy build the same one from a config).
 
@@ -108,7 +114,16 @@ class TorchTrainer:
                 replica gets its shard of the batch; token and sequence counts and then the
                 gradients are summed over the group before clipping, so every replica takes the
                 step the whole batch would give on one device and the weights stay identical.
+            device: where the model, the reference model, every micro-batch and the group's
+                reductions live (`cuda:0` under NCCL); None keeps the model where it is. The caller
+                resolves it from what Ray assigned (rollart.resource.accelerators, D27).
         """
+        self.device = torch.device(device) if device is not None else _model_device(model)
+        if device is not None:
+            model.to(self.device)
+            if reference_model is not None:
+                reference_model.to(self.device)
+            log.info("trainer model on %s", self.device)
         self.model = model
         self.config = config if config is not None else TrainerConfig()
         self.reference_model = reference_model
@@ -175,7 +190,7 @@ class TorchTrainer:
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
         for start in range(0, batch.num_sequences, size):
-            micro = _trim_padding(batch.select(slice(start, start + size)))
+            micro = _trim_padding(batch.select(slice(start, start + size))).to(self.device)
             logits = self.forward_logits(micro.input_ids, micro.attention_mask)
             loss, parts = policy_loss(logits, micro, self.config.loss, num_tokens, num_sequences)
             loss.backward()
@@ -234,7 +249,9 @@ class TorchTrainer:
         import torch.distributed as dist
 
         group = self.process_group
-        counts = torch.tensor([float(shard.num_policy_tokens), float(shard.num_sequences)], dtype=torch.float64)
+        # every reduced tensor on the model's device: NCCL reduces CUDA tensors only (D28)
+        counts = torch.tensor([float(shard.num_policy_tokens), float(shard.num_sequences)], dtype=torch.float64,
+                              device=self.device)
         dist.all_reduce(counts, group=group)
         sums = self.accumulate_gradients(shard, num_tokens=float(counts[0]), num_sequences=int(counts[1])) \
             if shard.num_sequences > 0 else {}
@@ -250,7 +267,7 @@ class TorchTrainer:
             p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
             offset += n
         keys = ("loss", "pg_loss", "kl_sum", "entropy_sum", "clipped_sum", "ratio_sum", "micro_batches")
-        totals = torch.tensor([float(sums.get(k, 0.0)) for k in keys], dtype=torch.float64)
+        totals = torch.tensor([float(sums.get(k, 0.0)) for k in keys], dtype=torch.float64, device=self.device)
         dist.all_reduce(totals, group=group)
         out = {k: float(v) for k, v in zip(keys, totals.tolist())}
         out["policy_tokens"] = float(counts[0])
