@@ -24,11 +24,14 @@ class ProxyLLMClient:
     """env's `LLMClient` over `LLMProxy.generate` (token ids in, token ids + versions out)."""
 
     def __init__(self, proxy: LLMProxy, timeout_s: float = 600.0,
-                 on_response: Callable[[str, tuple[str, ...]], None] | None = None) -> None:
-        """`timeout_s` bounds each generate call; `on_response(tag, worker_ids)` sees where each was served."""
+                 on_response: Callable[[str, tuple[str, ...]], None] | None = None,
+                 on_served: Callable[[str, str, tuple[str, ...], int, int | None], None] | None = None) -> None:
+        """`timeout_s` bounds each generate call; `on_response(tag, worker_ids)` sees where each was served;
+        `on_served(trajectory_id, tag, worker_ids, tokens, first_version)` feeds the run's records (D50)."""
         self.proxy = proxy
         self.timeout_s = timeout_s
         self.on_response = on_response
+        self.on_served = on_served
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Translate the request, call the proxy, translate the answer."""
@@ -41,6 +44,10 @@ class ProxyLLMClient:
         )
         if self.on_response is not None:
             self.on_response(request.tag, tuple(resp.worker_ids))
+        if self.on_served is not None:
+            versions = resp.token_versions
+            self.on_served(request.trajectory_id, request.tag, tuple(resp.worker_ids), len(resp.token_ids),
+                           versions[0] if versions else None)
         reason = resp.finish_reason if resp.finish_reason in ("stop", "length", "abort") else "abort"
         return GenerationResult(list(resp.token_ids), list(resp.logprobs), list(resp.token_versions), reason)
 

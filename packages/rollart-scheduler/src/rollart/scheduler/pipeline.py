@@ -27,6 +27,7 @@ from rollart.scheduler.checkpoint import Checkpointer, config_identity
 from rollart.scheduler.errors import ConfigError, SchedulerError
 from rollart.scheduler.metrics import MetricsWriter, RoleTimeline, engine_metrics
 from rollart.scheduler.progress import progress_line, status_text
+from rollart.scheduler.records import RunRecorder, truncate_after
 from rollart.scheduler.rollout import RolloutScheduler
 from rollart.scheduler.settings import PipelineConfig
 from rollart.scheduler.timesharing import SwitchRecord, TimeSharingController
@@ -126,6 +127,7 @@ class PipelineParts:
     placement: Any = None  # builder.Placement: ledger devices of each pool and the trainer
     routing_log: Any = None  # adapters.RoutingLog: requests per tag and hardware
     engine_stats: Callable[[], Awaitable[dict[str, float]]] | None = None  # summed engine counters
+    recorder: RunRecorder | None = None  # events, trajectory ledger, routing and outcomes (D50); made when metrics exist
 
 
 class Pipeline:
@@ -159,6 +161,12 @@ class Pipeline:
         self._engine_stats: dict[str, float] = {}
         self.history: list[dict[str, Any]] = []
         parts.buffer.observe(self.on_trajectory)
+        if parts.recorder is None and parts.metrics is not None:
+            parts.recorder = RunRecorder(parts.metrics.run_dir)
+        self.recorder = parts.recorder
+        if self.recorder is not None:
+            parts.buffer.observe(self.recorder.put)
+            parts.buffer.observe_settled(self.recorder.settled)
 
     # ---------------------------------------------------------------- helpers
     def on_trajectory(self, traj: Trajectory) -> None:
@@ -197,6 +205,8 @@ class Pipeline:
         t0 = loop.time()
         tokens0 = self._tokens
         version0 = p.trainer.version
+        if self.recorder is not None:
+            self.recorder.iteration = self.iteration + 1
         self._roles(p.rollout_devices, "rollout")
         batch = await p.buffer.get_batch(cfg.batch_size, timeout_s=cfg.get_batch_timeout_s)
         t_batch = loop.time()
@@ -260,6 +270,8 @@ class Pipeline:
             rec.update(engine_metrics(self._engine_stats, now))
             self._engine_stats = now
         self._seen_aborted = aborted_total
+        if self.recorder is not None:  # routing per tag and hardware, outcomes that add up (D49)
+            rec.update(self.recorder.take_iteration())
         if p.metrics is not None:
             p.metrics.write(rec)
         if p.checkpointer is not None and self.iteration % self.config.run.checkpoint_every == 0:
@@ -325,18 +337,32 @@ class Pipeline:
         ck = self.parts.checkpointer
         info = ck.latest() if ck is not None else None
         if info is None:
+            self._truncate_records(0)  # a run killed before its first checkpoint starts over
             return False
         changes = Checkpointer.check_config(info, config_identity(self.config), allow_change=allow_config_change)
         if changes:
             _log.warning("resuming %s under a changed config: %s", info.path, "; ".join(changes))
         await self.parts.trainer.load_checkpoint(str(info.path / "trainer"))
         self.iteration = info.iteration
+        self._truncate_records(info.iteration)
         self.parts.buffer.set_version(info.version)
         await self._update(info.version)
         return True
 
+    def _truncate_records(self, iteration: int) -> None:
+        """Drop what the iterations after `iteration` wrote: they run again (D48)."""
+        if self.parts.metrics is not None:
+            dropped = truncate_after(self.parts.metrics.run_dir, iteration)
+            if any(dropped.values()):
+                _log.info("resume at iteration %d: dropped the later records %s", iteration, dropped)
+
     async def close(self) -> None:
-        """Stop the rollout, close the writers and whatever the builder registered."""
+        """Stop the rollout, close the writers and whatever the builder registered.
+
+        Every trajectory still open after the closers ran gets its ledger line (`buffered`, D48).
+        """
+        if self.recorder is not None:
+            self.recorder.iteration = self.iteration
         await self.parts.rollout.stop(timeout_s=30.0)
         try:  # no engine step may be running in a thread while the workers stop
             await self.parts.rollout.suspend(10.0)
@@ -346,7 +372,11 @@ class Pipeline:
             self.parts.timeline.close()
         if self.parts.metrics is not None:
             self.parts.metrics.close()
-        for close in self.parts.closers:
-            result = close()
-            if asyncio.iscoroutine(result):
-                await result
+        try:
+            for close in self.parts.closers:
+                result = close()
+                if asyncio.iscoroutine(result):
+                    await result
+        finally:
+            if self.recorder is not None:
+                self.recorder.close()
