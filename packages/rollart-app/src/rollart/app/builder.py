@@ -40,6 +40,7 @@ from rollart.scheduler.checkpoint import Checkpointer
 from rollart.scheduler.errors import ConfigError
 from rollart.scheduler.metrics import MetricsWriter, RoleTimeline
 from rollart.scheduler.pipeline import Pipeline, PipelineParts
+from rollart.scheduler.records import RunRecorder
 from rollart.scheduler.rollout import RolloutScheduler
 from rollart.scheduler.scoring import ScoringSink
 from rollart.scheduler.timesharing import AlwaysShrinkPolicy, CostAwarePolicy, TimeSharingController
@@ -222,7 +223,8 @@ def with_system_prompt(builder: Any, system_prompt: str) -> Any:
 
 
 def build_envs(config: RunConfig, parts: list[TaskParts], proxy: LLMProxy, sinks: list[Any],
-               routing_log: RoutingLog | None = None) -> tuple[list[list[EnvManager]], list[str]]:
+               routing_log: RoutingLog | None = None,
+               recorder: RunRecorder | None = None) -> tuple[list[list[EnvManager]], list[str]]:
     """Group slots of EnvManagers (one env each), each slot one task, its managers tagged for routing."""
     pcfg = config.pipeline
     keys = task_keys(config)
@@ -239,7 +241,8 @@ def build_envs(config: RunConfig, parts: list[TaskParts], proxy: LLMProxy, sinks
                                 llm_policy=RetryPolicy(timeout_s=llm_timeout), seed=config.run.seed + i)
         wrap = tp.llm_wrapper or (lambda client: client)
         slots.append([EnvManager(tp.env_factory, wrap(ProxyLLMClient(proxy, timeout_s=llm_timeout,
-                                                     on_response=routing_log.record if routing_log else None)),
+                                                     on_response=routing_log.record if routing_log else None,
+                                                     on_served=recorder.served if recorder else None)),
                                  with_system_prompt(tp.prompts_factory(), task.system_prompt), sinks[index], ecfg,
                                  name=f"{keys[index]}-{i}-{j}", tag=task.tag)
                       for j in range(pcfg.group_size)])
@@ -334,7 +337,8 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
         sinks = [ScoringSink(buffer, tp.scorer, deadline_s=getattr(t.reward, "deadline_s", 55.0) + 5.0)
                  for t, tp in zip(config.tasks, parts)]
         routing_log = RoutingLog({w.worker_id: w.hardware for w in workers})
-        slots, names = build_envs(config, parts, proxy, sinks, routing_log)
+        recorder = RunRecorder(run_dir, hardware_of=lambda wid: routing_log.hardware_of.get(wid, "?"))
+        slots, names = build_envs(config, parts, proxy, sinks, routing_log, recorder)
         rollout = RolloutScheduler(slots, names, buffer, proxy, carry_over=pcfg.mode != "one_off", seed=config.run.seed,
                                    lockstep=pcfg.env_interaction == "batch", once_per_launch=pcfg.mode == "sync")
         rollout_devices = [d for w in workers for d in w.devices]
@@ -364,7 +368,7 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
                                        pad_token_id=model.pad_token_id(tokenizer),
                                        closers=[*(s.aclose for s in sinks), proxy.close, trainer.close, *closers],
                                        proxy=proxy, workers=list(workers), placement=placement, routing_log=routing_log,
-                                       engine_stats=lambda: collect_engine_stats(workers))
+                                       engine_stats=lambda: collect_engine_stats(workers), recorder=recorder)
     except BaseException:
         # nothing lost on failure: a part that fails to build (a user env that breaks its protocol, a world
         # that cannot form) must not leave actors, placement groups or services behind for the next run
