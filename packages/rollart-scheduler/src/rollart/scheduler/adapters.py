@@ -91,7 +91,11 @@ class ProxyElasticPool:
         self.proxy = proxy
         self.ledger = ledger
         self.timeout_s = timeout_s
-        self._device_rank = {d: slot.rank for slot in proxy.slots for d in slot.devices}
+
+    def _ranks(self, devices: list[int]) -> list[int]:
+        """The ranks now on `devices` (read at each move: a replaced worker may sit on another device)."""
+        wanted = set(devices)
+        return sorted({s.rank for s in self.proxy.slots if wanted & set(s.devices)})
 
     def rollout_devices(self) -> list[int]:
         """Devices of the workers that take new requests."""
@@ -107,7 +111,7 @@ class ProxyElasticPool:
         """Hand the requests of these devices' workers back (migration) and offload their weights."""
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        await self.proxy.shrink(sorted({self._device_rank[d] for d in devices}))
+        await self.proxy.shrink(self._ranks(devices))
         t1 = loop.time()
         if self.ledger is not None:
             await self.ledger.shrink("rollout", "train", devices, timeout=self.timeout_s)
@@ -119,7 +123,7 @@ class ProxyElasticPool:
         t0 = loop.time()
         if self.ledger is not None:
             await self.ledger.expand("train", "rollout", devices, timeout=self.timeout_s)
-        await self.proxy.expand(sorted({self._device_rank[d] for d in devices}))
+        await self.proxy.expand(self._ranks(devices))
         return SwitchCost(reload_s=loop.time() - t0)
 
 

@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 
 
+class _Stopped(Exception):
+    """A stop request ended the wait for a batch (internal: `run` returns)."""
+
+
 class ModelUpdater(Protocol):
     """Moves the trainer's new version to the rollout side (rollart.app.trainers)."""
 
@@ -160,6 +164,10 @@ class Pipeline:
         self.seen_trajectories = 0  # every trajectory the sink handed to the buffer
         self._engine_stats: dict[str, float] = {}
         self.history: list[dict[str, Any]] = []
+        self.stop_reason: str | None = None  # set by request_stop (SIGTERM, SIGINT): run() ends after the step
+        self._failure: BaseException | None = None  # set by fail(): the run ends with it at the next wait
+        self._interrupt: asyncio.Event | None = None
+        self._saved_iteration = -1
         parts.buffer.observe(self.on_trajectory)
         if parts.recorder is None and parts.metrics is not None:
             parts.recorder = RunRecorder(parts.metrics.run_dir)
@@ -197,6 +205,54 @@ class Pipeline:
     def _aborted_total(self) -> int:
         return sum(1 for r in self.parts.buffer.records().values() if r.state == ABORTED)
 
+    # ---------------------------------------------------------------- stop and failure (D51)
+    def _wake(self) -> None:
+        if self._interrupt is None:
+            self._interrupt = asyncio.Event()
+        self._interrupt.set()
+
+    def request_stop(self, reason: str) -> None:
+        """Stop cleanly (a signal): a step waiting for its batch is abandoned, a step training finishes;
+        `run` then checkpoints the last completed iteration and returns."""
+        # VAL: VAL_NON_EMPTY(reason, exc=SchedulerError)
+        check.non_empty("reason", reason, exc=SchedulerError)  # generated #063038851c
+        if self.stop_reason is None:
+            _log.warning("stop requested (%s): finishing or abandoning the current step, then checkpointing", reason)
+            self.stop_reason = reason
+        self._wake()
+
+    def fail(self, error: BaseException) -> None:
+        """End the run with `error` (a part it cannot go on without is gone): raised out of `run` at the
+        next wait for a batch, at once if the loop is waiting now."""
+        if self._failure is None:
+            self._failure = error
+        self._wake()
+
+    async def _batch(self, n: int, timeout_s: float) -> list[Any] | None:
+        """`get_batch`, given up for a stop request (None) or a failure (raised)."""
+        if self._failure is not None:
+            raise self._failure
+        if self.stop_reason is not None:
+            return None
+        if self._interrupt is None or self._interrupt.is_set():
+            self._interrupt = asyncio.Event()
+        interrupt = asyncio.ensure_future(self._interrupt.wait())
+        batch = asyncio.ensure_future(self.parts.buffer.get_batch(n, timeout_s=timeout_s))
+        try:
+            await asyncio.wait({batch, interrupt}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            interrupt.cancel()
+            if not batch.done():
+                batch.cancel()
+                await asyncio.gather(batch, return_exceptions=True)
+        if self._failure is not None:
+            if batch.done() and not batch.cancelled() and batch.exception() is None:
+                _log.warning("a batch of %d was ready when the run failed; it is not trained", n)
+            raise self._failure
+        if not batch.cancelled() and batch.done():
+            return batch.result()
+        return None
+
     # ---------------------------------------------------------------- the loop
     async def step(self) -> dict[str, Any]:
         """One iteration: get_batch -> train_step (+ shrink/expand) -> suspend -> model_update -> resume."""
@@ -208,7 +264,9 @@ class Pipeline:
         if self.recorder is not None:
             self.recorder.iteration = self.iteration + 1
         self._roles(p.rollout_devices, "rollout")
-        batch = await p.buffer.get_batch(cfg.batch_size, timeout_s=cfg.get_batch_timeout_s)
+        batch = await self._batch(cfg.batch_size, cfg.get_batch_timeout_s)
+        if batch is None:  # stop requested while waiting: nothing trained, the iteration did not happen
+            raise _Stopped()
         t_batch = loop.time()
         record = SwitchRecord((), "not time_sharing")
         if mode == "sync":
@@ -276,6 +334,7 @@ class Pipeline:
             p.metrics.write(rec)
         if p.checkpointer is not None and self.iteration % self.config.run.checkpoint_every == 0:
             await self.save()
+            self._saved_iteration = self.iteration
         self.history.append(rec)
         _log.info("iteration %d: version %d, reward %.3f, %d trajectories, %.0f tok/s, step %.2f s", self.iteration,
                  rec["version"], rec["reward_mean"], rec["trajectories"], rec["tokens_per_s"], step_s)
@@ -304,20 +363,29 @@ class Pipeline:
         await p.rollout.start()
         out: list[dict[str, Any]] = []
         if progress is False:
-            while self.iteration < iterations:
-                out.append(rec := await self.step())
-                if on_iteration is not None:
-                    on_iteration(rec)
-            return out
-        console = None if progress is True else progress
-        async with progress_line(f"{self.config.run.name} [{self.cfg.mode}]", iterations, self.iteration, self.status,
-                                 console) as advance:
-            while self.iteration < iterations:
-                out.append(rec := await self.step())
-                advance(rec)
-                if on_iteration is not None:
-                    on_iteration(rec)
+            await self._loop(iterations, out, on_iteration)
+        else:
+            console = None if progress is True else progress
+            async with progress_line(f"{self.config.run.name} [{self.cfg.mode}]", iterations, self.iteration,
+                                     self.status, console) as advance:
+                await self._loop(iterations, out, on_iteration, advance)
+        if self.stop_reason is not None and p.checkpointer is not None and self._saved_iteration != self.iteration \
+                and self.iteration > 0:
+            await self.save()  # a stop keeps every completed iteration (D51)
+            self._saved_iteration = self.iteration
         return out
+
+    async def _loop(self, iterations: int, out: list[dict[str, Any]],
+                    *observers: Callable[[dict[str, Any]], None] | None) -> None:
+        while self.iteration < iterations and self.stop_reason is None:
+            try:
+                rec = await self.step()
+            except _Stopped:
+                return
+            out.append(rec)
+            for observe in observers:
+                if observe is not None:
+                    observe(rec)
 
     # ---------------------------------------------------------------- checkpoints
     async def save(self) -> Path:

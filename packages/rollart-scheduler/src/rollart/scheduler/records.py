@@ -338,7 +338,13 @@ class RunRecorder:
         return out
 
     def close(self) -> int:
-        """Write a line for every trajectory still open: `buffered` if the buffer holds it, else `aborted`."""
+        """Write a line for every trajectory still open: `buffered` if the buffer holds it, else `aborted`.
+
+        First a `run_closed` event carries the `outcomes` counted since the last iteration's record
+        (launches and settlements after it, `buffered` = the lines written now), so the metrics plus
+        this event account for every ledger line (D49).
+        """
+        self.events.record("run_closed", iteration=self.iteration, outcomes=self.tally.take())
         n = 0
         for trajectory_id in sorted(self.tally.open_ids):
             trajectory = self._put.pop(trajectory_id, None)
@@ -347,5 +353,50 @@ class RunRecorder:
             else:
                 self._write(trajectory_id, None, "aborted", "unfinished when the run closed")
             n += 1
-        self.tally = OutcomeTally()
         return n
+
+
+def accounting_problems(run_dir: Path) -> list[str]:
+    """What breaks "every launched trajectory has exactly one ledger line" in a run directory (empty: none).
+
+    Checks the identity of D49 on every metrics record and on each `run_closed` event (a process's
+    tail; `buffered` restarts at 0 after it), that no id has two lines, and that the launches
+    counted by the records and the closings equal the ledger's lines. Meant for one process's run,
+    or a resumed run whose earlier process closed cleanly: a process killed mid-run leaves its
+    open trajectories without lines (what it ran after the checkpoint is cut on resume).
+    """
+    records = _read(Path(run_dir) / METRICS_FILE)
+    closes = [e for e in read_events(run_dir) if e.get("kind") == "run_closed"]
+    ledger = read_ledger(run_dir)
+    problems: list[str] = []
+    seen: set[str] = set()
+    for line in ledger:
+        if line["id"] in seen:
+            problems.append(f"trajectory {line['id']} has more than one ledger line")
+        seen.add(line["id"])
+        if line.get("outcome") not in OUTCOMES:
+            problems.append(f"trajectory {line['id']} has outcome {line.get('outcome')!r}, not one of {OUTCOMES}")
+    before, ci, launched = 0, 0, 0
+
+    def check_one(outcomes: dict[str, Any], what: str) -> None:
+        if not outcomes_add_up(outcomes, before):
+            problems.append(f"{what}: outcomes do not add up: {before} buffered before + {outcomes['launched']} "
+                            f"launched != {settled(outcomes)} settled + {outcomes['buffered']} buffered")
+
+    for rec in records:
+        while ci < len(closes) and (closes[ci].get("iteration") or 0) < rec["iteration"]:
+            check_one(closes[ci]["outcomes"], f"run_closed at iteration {closes[ci].get('iteration')}")
+            launched += closes[ci]["outcomes"]["launched"]
+            before, ci = 0, ci + 1
+        if "outcomes" not in rec:
+            continue
+        check_one(rec["outcomes"], f"iteration {rec['iteration']}")
+        launched += rec["outcomes"]["launched"]
+        before = rec["outcomes"]["buffered"]
+    for close in closes[ci:]:
+        check_one(close["outcomes"], f"run_closed at iteration {close.get('iteration')}")
+        launched += close["outcomes"]["launched"]
+        before = 0
+    if launched != len(ledger):
+        problems.append(f"{launched} trajectories launched, {len(ledger)} ledger lines")
+    return problems
