@@ -99,3 +99,40 @@ async def test_a_failure_ends_the_run_at_once_even_while_waiting_for_a_batch(tmp
     finally:
         await pipe.close()
     assert pipe.iteration == 0
+
+
+def test_sigterm_stops_like_sigint_checkpoints_and_a_resume_runs_every_iteration_once(tmp_path):
+    """Item 3: before, SIGTERM ended `rollart run` with a stack dump (exit 134) and no checkpoint."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    raw = example_config()
+    raw["cluster"] = {"ray": "none"}
+    raw["run"].update({"checkpoint_every": 100, "iterations": 200})
+    config = tmp_path / "run.yaml"
+    config.write_text(json.dumps(raw))
+    run_dir = tmp_path / "out"
+    cmd = [sys.executable, "-m", "rollart.app.cli", "run", str(config), "--run-dir", str(run_dir)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1200):  # bounded: until two iterations are in the metrics (or the run ended)
+            if proc.poll() is not None or (
+                    (run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").read_text().count("\n") >= 2):
+                break
+            time.sleep(0.25)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    done = [r["iteration"] for r in read_metrics(run_dir)]
+    assert len(done) >= 2 and f"stopped by SIGTERM after iteration {done[-1]}; resume with: rollart run" in out
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir())[-1].endswith(str(done[-1]))
+    again = subprocess.run([*cmd, "-n", str(done[-1] + 1)], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [r["iteration"] for r in read_metrics(run_dir)] == list(range(1, done[-1] + 2))
+    assert accounting_problems(run_dir) == []
