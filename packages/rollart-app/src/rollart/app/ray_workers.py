@@ -58,6 +58,8 @@ class RayWorkerHandle(RemoteWorkerHandle):
         """Stop the worker and remove the actor and its placement group."""
         try:
             await self.call("stop")
+        except WorkerFailedError:  # a dead actor has nothing to stop; its placement group still goes
+            pass
         finally:
             await self.runtime.remove(self.handle)
 
