@@ -148,7 +148,8 @@ async def start_pools(config: RunConfig, model: ModelSpec, placement: Placement,
     return workers
 
 
-async def start_trainer(config: RunConfig, model: ModelSpec, placement: Placement, runtime: Any | None) -> Any:
+async def start_trainer(config: RunConfig, model: ModelSpec, placement: Placement, runtime: Any | None,
+                        run_dir: Path | None = None) -> Any:
     """The trainer in this process, or data-parallel actors (their world is joined by `connect_world`)."""
     from rollart.app.actors import build_trainer
     from rollart.app.ray_workers import start_trainer_actors
@@ -167,7 +168,8 @@ async def start_trainer(config: RunConfig, model: ModelSpec, placement: Placemen
         return LocalTrainer(build_trainer(model, tc.backend, trainer_config(config)),
                             on_close=release_megatron_parallel_state if tc.backend == "megatron" else None)
     handles = await start_trainer_actors(runtime, model, tc.backend, trainer_config(config), tc.hardware, placement.trainer)
-    return ActorTrainerGroup(runtime, handles, timeout_s=config.pipeline.update_timeout_s * 10)
+    hint = f"resume from the last checkpoint with: rollart run CONFIG --run-dir {run_dir}" if run_dir else ""
+    return ActorTrainerGroup(runtime, handles, timeout_s=config.pipeline.update_timeout_s * 10, resume_hint=hint)
 
 
 async def connect_world(config: RunConfig, trainer: ActorTrainerGroup, rollout: list[Any]) -> list[Any]:
@@ -389,7 +391,7 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
     try:
         if workers is None:
             workers = await start_pools(config, model, placement, runtime)
-        trainer = await start_trainer(config, model, placement, runtime)
+        trainer = await start_trainer(config, model, placement, runtime, run_dir)
     except BaseException:
         for w in workers or []:
             await w.stop()
