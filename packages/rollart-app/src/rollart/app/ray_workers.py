@@ -15,24 +15,41 @@ from rollart import checks as check
 from rollart.app.actors import RolloutActor, TrainerActor
 from rollart.app.engines import EngineSpec
 from rollart.app.model_source import ModelSpec
+from rollart.proxy.errors import WorkerFailedError
 from rollart.proxy.ray_worker import RemoteWorkerHandle
+from rollart.resource.errors import WorkerDiedError
 from rollart.resource.runtime import RayRuntime, WorkerContext
 
 
 class RayWorkerHandle(RemoteWorkerHandle):
     """The proxy's generic `RemoteWorkerHandle` over a RolloutActor: every command is one `RayRuntime.call`."""
 
-    def __init__(self, runtime: RayRuntime, handle: Any, context: WorkerContext) -> None:
-        """Wrap a spawned actor."""
+    def __init__(self, runtime: RayRuntime, handle: Any, context: WorkerContext, worker_id: str | None = None,
+                 start_timeout_s: float = 300.0) -> None:
+        """Wrap a spawned actor; `worker_id` defaults to `<pool>-<rank>` (a replacement adds its number)."""
         self.runtime = runtime
         self.handle = handle
-        self.worker_id = f"{context.owner}-{context.rank}"
+        self.worker_id = worker_id or f"{context.owner}-{context.rank}"
         self.hardware = context.hw
         self.devices = tuple(context.devices)
+        self.start_timeout_s = start_timeout_s
 
     async def call(self, method: str, *args: Any) -> Any:
-        """Any actor method (the proxy's commands, and extras such as `receive`, `checksums`)."""
-        return await self.runtime.call(self.handle, method, args, {})
+        """Any actor method (the proxy's commands, and extras such as `receive`, `checksums`).
+
+        A dead actor (SIGKILL, node loss) raises the proxy's `WorkerFailedError` (D51): the proxy
+        re-routes what it had in flight and restarts or replaces it.
+        """
+        try:
+            return await self.runtime.call(self.handle, method, args, {})
+        except WorkerDiedError as exc:
+            raise WorkerFailedError(f"rollout actor {self.worker_id} ({self.hardware}) died during {method}: {exc}") from exc
+
+    async def restart(self) -> None:
+        """A new actor in the dead one's placement group (same device), started; the proxy then loads the
+        current weights. Before, `restart` was a call on the dead actor itself, which always failed."""
+        self.handle = await self.runtime.restart(self.handle, timeout=self.start_timeout_s)
+        await asyncio.wait_for(self.call("start"), self.start_timeout_s)
 
     async def engine_stats(self) -> dict[str, float]:
         """The engine's cumulative counters, for metrics.jsonl."""
@@ -42,8 +59,26 @@ class RayWorkerHandle(RemoteWorkerHandle):
         """Stop the worker and remove the actor and its placement group."""
         try:
             await self.call("stop")
+        except WorkerFailedError:  # a dead actor has nothing to stop; its placement group still goes
+            pass
         finally:
             await self.runtime.remove(self.handle)
+
+
+async def start_rollout_actor(runtime: RayRuntime, owner: str, engine: EngineSpec, rank: int, world_size: int,
+                              devices: tuple[int, ...], worker_id: str | None = None,
+                              timeout_s: float = 300.0) -> RayWorkerHandle:
+    """One RolloutActor on `devices` (its tensor-parallel group, one placement-group bundle: D71), spawned and
+    started (a pool's worker, or its replacement: D51)."""
+    ctx = WorkerContext(owner=owner, rank=rank, world_size=world_size, hw=engine.hardware, devices=tuple(devices))
+    handle = await runtime.spawn(RolloutActor, ctx, (engine,), {}, timeout=timeout_s)
+    wh = RayWorkerHandle(runtime, handle, ctx, worker_id=worker_id, start_timeout_s=timeout_s)
+    try:
+        await asyncio.wait_for(wh.call("start"), timeout_s)
+    except BaseException:
+        await runtime.remove(handle)
+        raise
+    return wh
 
 
 async def start_rollout_actors(runtime: RayRuntime, owner: str, engine: EngineSpec, devices: list[int],
@@ -51,15 +86,8 @@ async def start_rollout_actors(runtime: RayRuntime, owner: str, engine: EngineSp
     """One RolloutActor per `devices_per_worker` devices of a pool (its tensor-parallel group, one
     placement-group bundle on one node: D71), all spawned and started concurrently."""
     groups = tp_groups(devices, devices_per_worker)
-
-    async def one(rank: int, group: tuple[int, ...]) -> RayWorkerHandle:
-        ctx = WorkerContext(owner=owner, rank=rank, world_size=len(groups), hw=engine.hardware, devices=group)
-        handle = await runtime.spawn(RolloutActor, ctx, (engine,), {}, timeout=timeout_s)
-        wh = RayWorkerHandle(runtime, handle, ctx)
-        await asyncio.wait_for(wh.call("start"), timeout_s)
-        return wh
-
-    return list(await asyncio.gather(*(one(r, g) for r, g in enumerate(groups))))
+    return list(await asyncio.gather(*(start_rollout_actor(runtime, owner, engine, r, len(groups), g, timeout_s=timeout_s)
+                                       for r, g in enumerate(groups))))
 
 
 def tp_groups(devices: list[int], size: int) -> list[tuple[int, ...]]:
