@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rollart import checks as check
 from rollart.env.trajectory import Trajectory
 from rollart.scheduler.adapters import trajectories_to_samples
-from rollart.scheduler.buffer import ABORTED, SampleBuffer, oldest_version
+from rollart.scheduler.buffer import SampleBuffer, oldest_version
 from rollart.scheduler.checkpoint import Checkpointer, config_identity
 from rollart.scheduler.errors import ConfigError, SchedulerError
 from rollart.scheduler.metrics import MetricsWriter, RoleTimeline, engine_metrics
@@ -187,7 +187,7 @@ class Pipeline:
         return await self.parts.trainer.train_step(tb)
 
     def _aborted_total(self) -> int:
-        return sum(1 for r in self.parts.buffer.records().values() if r.state == ABORTED)
+        return self.parts.buffer.counts().aborted  # O(1), and right with a ledger too (D55)
 
     # ---------------------------------------------------------------- the loop
     async def step(self) -> dict[str, Any]:
@@ -271,7 +271,7 @@ class Pipeline:
 
     def status(self, last: dict[str, Any]) -> str:
         """The progress line's status: trajectories trained, tokens/s, reward, version, device roles."""
-        consumed = sum(1 for r in self.parts.buffer.records().values() if r.state == "consumed")
+        consumed = self.parts.buffer.counts().consumed
         roles = self.parts.timeline.roles() if self.parts.timeline is not None else {}
         return status_text(consumed, last, self.parts.trainer.version, roles)
 
