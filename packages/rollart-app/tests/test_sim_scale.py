@@ -10,9 +10,13 @@ import sys
 from pathlib import Path
 
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rollart.app.sim.runner import run_one
-from rollart.app.sim.scenario import load_scenario
+from rollart.app.sim.scenario import load_scenario, parse_scenario
+from rollart.app.sim.trainer import sim_batch
+from rollart.train.batch import TrainSample, build_train_batch
 
 ROOT = Path(__file__).resolve().parents[3]
 SCENARIOS = ROOT / "examples" / "scenarios"
@@ -55,3 +59,57 @@ def test_committed_results_reproduce_to_the_digit():
         want.pop("wall_s")
         assert _row(run_one(spec, spec_run)) == want, scenario
 
+
+
+def test_ratios_do_not_depend_on_the_decode_quantum():
+    """Halving SimEngine's decode quantum (its one time-step knob) moves fig10_modes' sync-vs-async
+    step-time and tokens/s ratios by less than 5% (issue 22, item 5; measured 2.5% and 0.003%)."""
+    data = yaml.safe_load((SCENARIOS / "fig10_modes.yaml").read_text())
+    data["runs"] = [r for r in data["runs"] if r["name"] in ("sync", "async")]
+    ratios = []
+    for quantum in (0.5, 0.25):
+        data["config"]["rollout"]["pools"][0]["engine_args"]["decode_quantum_s"] = quantum
+        spec = parse_scenario(data)
+        sync, asyn = (run_one(spec, r) for r in spec.runs)
+        ratios.append((sync.iteration_s / asyn.iteration_s, asyn.tokens_per_s / sync.tokens_per_s))
+    (step_a, tps_a), (step_b, tps_b) = ratios
+    assert abs(step_b / step_a - 1) < 0.05, ratios
+    assert abs(tps_b / tps_a - 1) < 0.05, ratios
+
+
+@st.composite
+def _samples(draw):
+    out = []
+    for g in range(draw(st.integers(1, 6))):
+        n = draw(st.integers(2, 40))
+        mask = [0] + draw(st.lists(st.integers(0, 1), min_size=n - 1, max_size=n - 1))
+        if sum(mask) == 0:
+            mask[-1] = 1
+        out.append(TrainSample(token_ids=list(range(n)), policy_mask=mask, behaviour_log_probs=[0.0] * n,
+                               reward=float(g % 2), group_id=g // 2))
+    return out
+
+
+@given(_samples())
+@settings(max_examples=60, deadline=None)
+def test_a_sim_batch_counts_what_the_tensor_batch_sums(samples):
+    """D65 / scheduler D57: the simulated trainer's batch has the numbers its cost model read of the tensors."""
+    tensors = build_train_batch(samples)
+    counts = sim_batch(samples)
+    assert counts.num_sequences == tensors.num_sequences
+    assert counts.attention_mask.sum() == int(tensors.attention_mask.sum())
+    assert counts.loss_mask.sum() == int(tensors.loss_mask.sum())
+
+
+def test_a_simulated_run_pads_no_tensor_batch(monkeypatch):
+    """The pipeline asks the simulated trainer for its batch (scheduler D57): `build_train_batch`, which
+    padded every sequence into tensors (a fifth of the heavy scenario's CPU), is never called."""
+    import rollart.scheduler.pipeline as pipeline
+
+    def refuse(*_a, **_k):
+        raise AssertionError("build_train_batch called on a simulated run")
+
+    monkeypatch.setattr(pipeline, "build_train_batch", refuse)
+    spec = load_scenario(SCENARIOS / "fig12a_env_interaction.yaml")
+    result = run_one(spec, spec.runs[1])
+    assert result.collected > 0 and result.iterations >= 1

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rollart import checks as check
 from rollart.env.trajectory import Trajectory
@@ -105,6 +105,21 @@ class Trainer(Protocol):
         ...
 
 
+@runtime_checkable
+class BuildsBatch(Protocol):
+    """A trainer that builds its own batch from the step's samples (D57), instead of the padded tensors
+    of `rollart.train.build_train_batch`."""
+
+    def build_batch(self, samples: list[Any], pad_token_id: int, normalize_advantage_std: bool) -> Any:
+        """The batch `train_step` takes, from `rollart.train.TrainSample`s (one per trajectory, batch order).
+
+        Called by `Pipeline` once per iteration, on the event loop, right before `train_step`: it must
+        be cheap and must not block. A simulated trainer, which reads token counts only, returns them
+        without padding thousands of sequences into tensors; a real trainer has no reason to offer it.
+        """
+        ...
+
+
 @dataclass
 class PipelineParts:
     """Everything the loop drives, built by `rollart.app.builder` or by hand in an example."""
@@ -182,9 +197,14 @@ class Pipeline:
         return stats
 
     async def _train(self, batch: list[Any]) -> dict[str, float]:
-        tb = build_train_batch(trajectories_to_samples(batch), pad_token_id=self.parts.pad_token_id,
-                               normalize_advantage_std=self.config.trainer.normalize_advantage_std)
-        return await self.parts.trainer.train_step(tb)
+        samples = trajectories_to_samples(batch)
+        trainer = self.parts.trainer
+        normalize = self.config.trainer.normalize_advantage_std
+        if isinstance(trainer, BuildsBatch):  # D57: e.g. a simulated trainer, which counts tokens only
+            tb = trainer.build_batch(samples, self.parts.pad_token_id, normalize)
+        else:
+            tb = build_train_batch(samples, pad_token_id=self.parts.pad_token_id, normalize_advantage_std=normalize)
+        return await trainer.train_step(tb)
 
     def _aborted_total(self) -> int:
         return self.parts.buffer.counts().aborted  # O(1), and right with a ledger too (D55)
