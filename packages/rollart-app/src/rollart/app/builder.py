@@ -21,7 +21,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollart.app.config import RolloutPool, RunConfig, TaskSection
 from rollart.app.engines import EngineSpec
@@ -36,7 +36,7 @@ from rollart.proxy.proxy import LLMProxy
 from rollart.proxy.routing import make_router
 from rollart.proxy.worker import InferenceWorker
 from rollart.scheduler.adapters import ProxyElasticPool, ProxyLLMClient, ProxyWeightLoader, RoutingLog
-from rollart.scheduler.buffer import SampleBuffer
+from rollart.scheduler.buffer import RecordLedger, SampleBuffer
 from rollart.scheduler.checkpoint import Checkpointer
 from rollart.scheduler.errors import ConfigError, RunFailed
 from rollart.scheduler.metrics import MetricsWriter, RoleTimeline
@@ -47,8 +47,9 @@ from rollart.scheduler.scoring import ScoringSink
 from rollart.scheduler.timesharing import AlwaysShrinkPolicy, CostAwarePolicy, TimeSharingController
 from rollart.sync.local import LocalChannel
 from rollart.sync.model_update import ModelUpdateGroup
-from rollart.train.losses import LossConfig
-from rollart.train.torch_trainer import TrainerConfig
+
+if TYPE_CHECKING:
+    from rollart.train.torch_trainer import TrainerConfig
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ def model_config(config: RunConfig) -> Any:
 
 def trainer_config(config: RunConfig) -> TrainerConfig:
     """rollart.train's TrainerConfig from the config's trainer section."""
+    from rollart.train.losses import LossConfig  # torch: not on `rollart sim`'s path (D64)
+    from rollart.train.torch_trainer import TrainerConfig
     tc = config.trainer
     return TrainerConfig(lr=tc.lr, micro_batch_size=tc.micro_batch_size, max_grad_norm=tc.max_grad_norm,
                          loss=LossConfig(clip_eps_low=tc.clip_eps, clip_eps_high=tc.clip_eps, entropy_coef=tc.entropy_coef))
@@ -386,8 +389,12 @@ async def _abandon(closers: list[Any]) -> None:
 
 
 async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | None = None,
-                         tensorboard: bool | None = None, base_dir: Path | None = None) -> Pipeline:
+                         tensorboard: bool | None = None, base_dir: Path | None = None,
+                         records: RecordLedger | None = None) -> Pipeline:
     """Wire every part for `config`; `workers` (WorkerHandles) replace the configured pools if given.
+
+    `records` is the buffer's ledger (rollart-scheduler D55): given, each closed trajectory record goes there and
+    the buffer forgets it, so a long run's memory follows its backlog (`rollart sim` passes one).
 
     Nothing is started before every name is resolved (tasks, rewards, engines), so a bad config
     fails with a ConfigError naming the field before any actor exists.
@@ -448,7 +455,7 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
         pcfg = config.pipeline
         keys = task_keys(config)
         balanced = sorted(set(keys)) if pcfg.balance_tasks and len(set(keys)) > 1 else []
-        buffer = SampleBuffer.from_config(config, tasks=balanced)
+        buffer = SampleBuffer.from_config(config, tasks=balanced, ledger=records)
         # a service reward has its own deadline; the sink's is a little longer so the client's error names it
         sinks = [ScoringSink(buffer, tp.scorer, deadline_s=getattr(t.reward, "deadline_s", 55.0) + 5.0)
                  for t, tp in zip(config.tasks, parts)]

@@ -46,6 +46,16 @@ class LocalTrainer:
         """Optimizer steps taken."""
         return self.inner.version
 
+    def build_batch(self, samples: list[Any], pad_token_id: int, normalize_advantage_std: bool) -> Any:
+        """The inner trainer's own batch when it builds one (a simulated trainer: token counts, D65), else
+        rollart.train's padded `TrainBatch`."""
+        own = getattr(self.inner, "build_batch", None)
+        if own is not None:
+            return own(samples, pad_token_id, normalize_advantage_std)
+        from rollart.train.batch import build_train_batch
+
+        return build_train_batch(samples, pad_token_id=pad_token_id, normalize_advantage_std=normalize_advantage_std)
+
     async def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One step in a worker thread; a simulated trainer waits its modelled time on the loop's clock."""
         step_async = getattr(self.inner, "train_step_async", None)

@@ -12,7 +12,7 @@ import asyncio
 import collections
 import heapq
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from rollart import checks as check
@@ -53,7 +53,7 @@ class BufferedTrajectory(Protocol):
         ...
 
 
-@dataclass
+@dataclass(slots=True)
 class TrajectoryRecord:
     """The accounting entry of one trajectory id: its state and, when aborted, why."""
 
@@ -63,14 +63,43 @@ class TrajectoryRecord:
     reason: str = ""
 
 
+FAILED_PREFIX = "trajectory failed"
+
+
+@dataclass(frozen=True)
+class BufferCounts:
+    """Every trajectory id put, by bucket, kept as counters (D55): what the pipeline and `rollart sim` report.
+
+    `consumed + aborted + buffered` is the number of puts; `failed` (a member that did not finish because
+    it failed: env crash, LLM error, deadline) is a subset of `aborted`, and `timeouts` a subset of `failed`.
+    """
+
+    buffered: int
+    consumed: int
+    aborted: int
+    failed: int
+    timeouts: int
+
+    @property
+    def total(self) -> int:
+        """Ids put so far (each in exactly one of buffered, consumed, aborted)."""
+        return self.buffered + self.consumed + self.aborted
+
+
+RecordLedger = Callable[[str, TrajectoryRecord], None]
+"""Where a closed record goes when the buffer forgets it (D55): called once per id, with its final state."""
+
+
 NO_VERSION = 2**62
 
 
-@dataclass
 class _Group:
-    seq: int
-    members: list[BufferedTrajectory] = field(default_factory=list)
-    oldest: int = NO_VERSION  # min of the members' oldest versions, kept as members arrive (D20)
+    __slots__ = ("members", "oldest", "seq")
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+        self.members: list[BufferedTrajectory] = []
+        self.oldest = NO_VERSION  # min of the members' oldest versions, kept as members arrive (D20)
 
     def min_version(self) -> int:
         return self.oldest
@@ -107,11 +136,14 @@ class SampleBuffer:
     """
 
     def __init__(self, alpha: int, group_size: int, version: int = 0, tasks: Sequence[str] = (),
-                 task_of: Callable[[str], str] | None = None) -> None:
+                 task_of: Callable[[str], str] | None = None, ledger: RecordLedger | None = None) -> None:
         """Start empty at trainer `version`; alpha = 0 means strictly on-policy.
 
         `tasks` (optional) turns on task-balanced batches; `task_of` maps a group id to its task
         (default `group_task`: the part before `-g`, as in the RolloutScheduler's `TASK-gN` ids).
+        `ledger` (D55): without it every record is kept (`records()` lists every id ever put); with it
+        a record is handed to `ledger(id, record)` once its group closes and forgotten, so memory follows
+        the open backlog, not the run's length (`counts()` keeps the totals either way).
         """
         # VAL: VAL_INT_RANGE(alpha, min=0, max=1_000_000, exc=SchedulerError)
         check.int_range("alpha", alpha, min=0, max=1_000_000, exc=SchedulerError)  # generated #e5160b4fa7
@@ -126,9 +158,15 @@ class SampleBuffer:
         self.tasks = list(tasks)
         self.task_of = task_of or group_task
         self._version = version
-        self._records: dict[str, TrajectoryRecord] = {}
+        self._records: dict[str, TrajectoryRecord] = {}  # with a ledger: the ids of open groups only (D55)
         self._groups: dict[str, _Group] = {}
         self._closed_groups: dict[str, str] = {}  # group id -> "consumed" or the abort reason
+        self._ledger = ledger
+        self._expected: dict[str, int] = {}  # with a ledger: closed group -> members still to arrive (D55)
+        self._consumed = 0
+        self._aborted = 0
+        self._failed = 0
+        self._timeouts = 0
         self._seq = 0
         self._changed: asyncio.Event | None = None
         self._by_version: list[_Entry] = []  # every open group, lazily invalidated (D20)
@@ -141,9 +179,11 @@ class SampleBuffer:
         self._room: dict[str | None, collections.deque[tuple[int, asyncio.Future[None]]]] = {}  # wait_for_room, FIFO
 
     @classmethod
-    def from_config(cls, config: PipelineConfig, tasks: Sequence[str] = (), version: int = 0) -> SampleBuffer:
+    def from_config(cls, config: PipelineConfig, tasks: Sequence[str] = (), version: int = 0,
+                    ledger: RecordLedger | None = None) -> SampleBuffer:
         """The buffer a run config asks for: its pipeline's alpha and group size (what `Pipeline` checks)."""
-        return cls(alpha=config.pipeline.alpha, group_size=config.pipeline.group_size, version=version, tasks=tasks)
+        return cls(alpha=config.pipeline.alpha, group_size=config.pipeline.group_size, version=version, tasks=tasks,
+                   ledger=ledger)
 
     def observe(self, callback: Callable[[BufferedTrajectory], None]) -> None:
         """Call `callback(trajectory)` for every trajectory put, before it is accounted (kept or not)."""
@@ -166,17 +206,48 @@ class SampleBuffer:
         if self._changed is not None:
             self._changed.set()
 
-    def _abort_group(self, group_id: str, reason: str) -> list[str]:
+    def _close(self, tid: str, record: TrajectoryRecord, state: str, reason: str = "") -> None:
+        """Move one record to its final state: count it and, with a ledger, hand it over and forget it (D55)."""
+        record.state = state
+        if state == CONSUMED:
+            self._consumed += 1
+        else:
+            record.reason = reason
+            self._aborted += 1
+            if reason.startswith(FAILED_PREFIX):
+                self._failed += 1
+                self._timeouts += "timeout" in reason
+        if self._ledger is not None:
+            del self._records[tid]
+            self._ledger(tid, record)
+
+    def _closed(self, group_id: str, reason: str, arrived: int) -> None:
+        """Remember a closed group: for ever without a ledger; with one, only until its missing members arrive."""
+        if self._ledger is None:
+            self._closed_groups[group_id] = reason
+        elif arrived < self.group_size:
+            self._closed_groups[group_id] = reason
+            self._expected[group_id] = self.group_size - arrived
+
+    def _late_member(self, group_id: str) -> None:
+        """A member of a closed group arrived; with a ledger, forget the group once none is missing."""
+        left = self._expected.get(group_id)
+        if left is not None:
+            if left <= 1:
+                del self._expected[group_id], self._closed_groups[group_id]
+            else:
+                self._expected[group_id] = left - 1
+
+    def _abort_group(self, group_id: str, reason: str, arrived_extra: int = 0) -> list[str]:
         group = self._groups.pop(group_id, None)
-        self._closed_groups[group_id] = reason
+        self._closed(group_id, reason, arrived_extra + (len(group.members) if group is not None else 0))
         self._release(group_id)
         ids: list[str] = []
         if group is not None:
             self._buffered -= len(group.members)
+            records = self._records
             for t in group.members:
-                rec = self._records[t.id]
-                rec.state = ABORTED
-                rec.reason = reason
+                self._close(t.id, records[t.id], ABORTED, reason)
                 ids.append(t.id)
                 self._settle(t, ABORTED, reason)
         return ids
@@ -215,49 +286,61 @@ class SampleBuffer:
         # deps: oldest_version, SampleBuffer._abort_group
         # AST: AST_PRECONDITION(trajectory.id not in self._records, got=trajectory.id, msg="a trajectory is put at most once", exc=SchedulerError)
         check.precondition(trajectory.id not in self._records, "a trajectory is put at most once", got=trajectory.id, exc=SchedulerError)  # generated #cc18eb38ec
-        for observe in self._observers:
-            observe(trajectory)
-        gid = trajectory.group_id or trajectory.id
-        version = oldest_version(trajectory)
-        record = TrajectoryRecord(group_id=gid, state=BUFFERED, oldest_version=version)
-        self._records[trajectory.id] = record
-        status = getattr(trajectory.status, "value", trajectory.status)
+        if self._observers:
+            for observe in self._observers:
+                observe(trajectory)
+        tid = trajectory.id
+        gid = trajectory.group_id or tid
+        versions = trajectory.weight_versions()  # oldest_version, inlined: this is the hot path (D56)
+        if None in versions:
+            versions = [v for v in versions if v is not None]
+        version = min(versions) if versions else -1
+        record = TrajectoryRecord(gid, BUFFERED, version)
+        self._records[tid] = record
+        status = trajectory.status
+        status = getattr(status, "value", status)
         if gid in self._closed_groups:
-            record.state, record.reason = ABORTED, f"group {gid} already closed ({self._closed_groups[gid]})"
-            self._settle(trajectory, ABORTED, record.reason)
+            reason = f"group {gid} already closed ({self._closed_groups[gid]})"
+            self._late_member(gid)
+            self._close(tid, record, ABORTED, reason)
+            self._settle(trajectory, ABORTED, reason)
             return
         if status != FINISHED_STATUS:
-            record.state = ABORTED
-            record.reason = f"trajectory {status}: {getattr(trajectory, 'reason', '') or 'no reason given'}"
-            self._settle(trajectory, ABORTED, record.reason)
-            self._abort_group(gid, f"member {trajectory.id} {status}")
+            reason = f"trajectory {status}: {getattr(trajectory, 'reason', '') or 'no reason given'}"
+            self._close(tid, record, ABORTED, reason)
+            self._settle(trajectory, ABORTED, reason)
+            self._abort_group(gid, f"member {tid} {status}", arrived_extra=1)
             self._notify()
             return
         group = self._groups.get(gid)
         if group is None:
             self._seq += 1
             group = self._groups[gid] = _Group(seq=self._seq)
-        if len(group.members) >= self.group_size:
-            record.state, record.reason = ABORTED, f"group {gid} already has {self.group_size} members"
-            self._settle(trajectory, ABORTED, record.reason)
+        members = group.members
+        if len(members) >= self.group_size:
+            reason = f"group {gid} already has {self.group_size} members"
+            self._close(tid, record, ABORTED, reason)
+            self._settle(trajectory, ABORTED, reason)
             return
-        group.members.append(trajectory)
+        members.append(trajectory)
         self._buffered += 1
-        limit = 2 * len(self._groups) + 64
         if version < group.oldest:
             group.oldest = version
             heapq.heappush(self._by_version, (version, group.seq, gid))
-            if len(self._by_version) > limit:
+            if len(self._by_version) > 2 * len(self._groups) + 64:
                 self._by_version = self._compact(self._by_version)
-        if len(group.members) == self.group_size:
+        if len(members) == self.group_size:
             key = self.task_of(gid) if self.tasks else None
-            heap = self._ready.setdefault(key, [])
+            heap = self._ready.get(key)
+            if heap is None:
+                heap = self._ready[key] = []
             heapq.heappush(heap, (group.oldest, group.seq, gid))
-            if len(heap) > limit:
+            if len(heap) > 2 * len(self._groups) + 64:
                 self._ready[key] = self._compact(heap)
-        if self._by_version[0][0] < self._version - self.alpha:
+        if version < self._version - self.alpha:  # only a member older than the floor can be stale (D20)
             self._evict_stale()
-        self._notify()
+        if self._changed is not None:
+            self._changed.set()
 
     def set_version(self, version: int) -> list[str]:
         """The trainer moved to `version`: evict every group now outside the bound; return evicted ids."""
@@ -283,38 +366,52 @@ class SampleBuffer:
         k = len(self.tasks)
         return {task: groups // k + (1 if i < groups % k else 0) for i, task in enumerate(self.tasks)}
 
-    def _oldest_ready(self, key: str | None, quota: int) -> list[tuple[str, _Group]]:
-        """Up to `quota` complete in-bound groups of a task, oldest first; the heap is left as it was
-        (minus dead entries). O(quota log n) plus the out-of-bound groups not yet evicted."""
-        heap = self._ready.get(key, [])
-        if len(heap) < quota:  # the heap holds every ready group (and some dead entries): too few, O(1)
+    def _oldest_ready(self, key: str | None, quota: int, popped: list[tuple[list[_Entry], _Entry]]) -> list[tuple[str, _Group]]:
+        """Up to `quota` complete in-bound groups of a task, oldest first, popped from its heap; the live
+        entries popped are listed in `popped` for `_select` to push back (dead ones are dropped).
+        O(quota log n) plus the out-of-bound groups not yet evicted."""
+        heap = self._ready.get(key)
+        if heap is None or len(heap) < quota:  # the heap holds every ready group (and dead entries): too few, O(1)
             return []
         floor = self._version - self.alpha
-        popped: list[_Entry] = []
+        groups = self._groups
         chosen: list[tuple[str, _Group]] = []
         while heap and len(chosen) < quota:
             entry = heapq.heappop(heap)
-            if not self._live(entry):
-                continue
-            popped.append(entry)
+            group = groups.get(entry[2])
+            if group is None or group.seq != entry[1] or group.oldest != entry[0]:
+                continue  # dead: its group closed or got an older member (pushed again then)
+            popped.append((heap, entry))
             if entry[0] >= floor:
-                chosen.append((entry[2], self._groups[entry[2]]))
-        for entry in popped:
-            heapq.heappush(heap, entry)
+                chosen.append((entry[2], group))
         return chosen
 
-    def _select(self, n: int) -> list[tuple[str, _Group]] | None:
-        """The groups a batch of n would take now (oldest first, per task when balanced), or None."""
+    def _select(self, n: int, take: bool = False) -> list[tuple[str, _Group]] | None:
+        """The groups a batch of n would take now (oldest first, per task when balanced), or None.
+
+        The heaps are left as they were (minus dead entries), except with `take` and a full selection:
+        then the chosen groups' entries stay popped, since `_take` closes them at once (D56)."""
         groups = n // self.group_size
+        popped: list[tuple[list[_Entry], _Entry]] = []
         if not self.tasks:
-            ready = self._oldest_ready(None, groups)
-            return ready if len(ready) >= groups else None
-        chosen: list[tuple[str, _Group]] = []
-        for task, quota in self._quotas(groups).items():
-            mine = self._oldest_ready(task, quota)
-            if len(mine) < quota:
-                return None
-            chosen += mine
+            chosen: list[tuple[str, _Group]] | None = self._oldest_ready(None, groups, popped)
+            if chosen is not None and len(chosen) < groups:
+                chosen = None
+        else:
+            chosen = []
+            for task, quota in self._quotas(groups).items():
+                mine = self._oldest_ready(task, quota, popped)
+                if len(mine) < quota:
+                    chosen = None
+                    break
+                chosen += mine
+        if take and chosen is not None:
+            for heap, entry in popped:
+                if entry[0] < self._version - self.alpha:  # out of bound, not taken: stays indexed
+                    heapq.heappush(heap, entry)
+        else:
+            for heap, entry in popped:
+                heapq.heappush(heap, entry)
         return chosen
 
     def can_take(self, n: int) -> bool:
@@ -323,15 +420,27 @@ class SampleBuffer:
 
     def _take(self, n: int, chosen: list[tuple[str, _Group]] | None = None) -> list[BufferedTrajectory]:
         batch: list[BufferedTrajectory] = []
-        for gid, group in (chosen if chosen is not None else self._select(n)) or []:
+        records, ledger = self._records, self._ledger
+        for gid, group in (chosen if chosen is not None else self._select(n, take=True)) or []:
             del self._groups[gid]
-            self._buffered -= len(group.members)
-            self._closed_groups[gid] = CONSUMED
-            self._release(gid)
-            for t in group.members:
-                self._records[t.id].state = CONSUMED
-                self._settle(t, CONSUMED, "")
-            batch.extend(group.members)
+            members = group.members
+            self._buffered -= len(members)
+            self._consumed += len(members)
+            self._closed(gid, CONSUMED, len(members))
+            if gid in self._admitted:
+                self._release(gid)
+            if ledger is None:  # `_close` for CONSUMED, inlined: a batch closes thousands of records (D56)
+                for t in members:
+                    records[t.id].state = CONSUMED
+            else:
+                for t in members:
+                    record = records.pop(t.id)
+                    record.state = CONSUMED
+                    ledger(t.id, record)
+            if self._settled:
+                for t in members:
+                    self._settle(t, CONSUMED, "")
+            batch.extend(members)
         return batch
 
     async def get_batch(self, n: int, timeout_s: float) -> list[BufferedTrajectory]:
@@ -352,13 +461,17 @@ class SampleBuffer:
         loop = asyncio.get_running_loop()
         if self._changed is None:
             self._changed = asyncio.Event()
-        deadline = loop.time() + timeout_s
+        deadline = -1.0  # read the clock only when the batch is not there at once (D56)
         while True:
-            self._evict_stale()
-            chosen = self._select(n)  # can_take, without selecting twice
+            if self._by_version and self._by_version[0][0] < self._version - self.alpha:
+                self._evict_stale()
+            chosen = self._select(n, take=True)  # can_take, without selecting twice
             if chosen is not None:
+                oldest = min([group.oldest for _, group in chosen])
                 batch = self._take(n, chosen)
                 break
+            if deadline < 0:
+                deadline = loop.time() + timeout_s
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise SchedulerTimeout(
@@ -371,8 +484,8 @@ class SampleBuffer:
                 pass
         # AST: AST_POSTCONDITION(len(batch) == n, got=len(batch), msg="batch refilled to exactly n", exc=SchedulerError)
         check.postcondition(len(batch) == n, "batch refilled to exactly n", got_lazy=lambda: len(batch), exc=SchedulerError)  # generated #10b2b120c0
-        # AST: AST_POSTCONDITION(all([oldest_version(t) >= self._version - self.alpha for t in batch]), got=[oldest_version(t) for t in batch], msg="no trajectory violates the bound", exc=SchedulerError)
-        check.postcondition(all([oldest_version(t) >= self._version - self.alpha for t in batch]), "no trajectory violates the bound", got_lazy=lambda: [oldest_version(t) for t in batch], exc=SchedulerError)  # generated #464f018ca6
+        # AST: AST_POSTCONDITION(oldest >= self._version - self.alpha, got=oldest, msg="no trajectory violates the bound (the taken groups' oldest version, kept per put)", exc=SchedulerError)
+        check.postcondition(oldest >= self._version - self.alpha, "no trajectory violates the bound (the taken groups' oldest version, kept per put)", got=oldest, exc=SchedulerError)  # generated #549364efb1
         return batch
 
     def _release(self, group_id: str) -> None:
@@ -439,5 +552,16 @@ class SampleBuffer:
         return self._buffered
 
     def records(self) -> dict[str, TrajectoryRecord]:
-        """Every id ever put, with its state and abort reason (the accounting invariant)."""
+        """Every id ever put, with its state and abort reason (the accounting invariant).
+
+        With a ledger (D55), only the ids still held (open groups): the closed ones went to the ledger."""
         return dict(self._records)
+
+    def retained(self) -> int:
+        """Records and closed-group marks held in memory: with a ledger, bounded by the open backlog (D55)."""
+        return len(self._records) + len(self._closed_groups)
+
+    def counts(self) -> BufferCounts:
+        """Every id put, by bucket, in O(1) (D55): what `records()` would sum, kept as counters."""
+        return BufferCounts(buffered=self._buffered, consumed=self._consumed, aborted=self._aborted,
+                            failed=self._failed, timeouts=self._timeouts)

@@ -17,12 +17,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rollart import checks as check
 from rollart.env.trajectory import Trajectory
 from rollart.scheduler.adapters import trajectories_to_samples
-from rollart.scheduler.buffer import ABORTED, SampleBuffer, oldest_version
+from rollart.scheduler.buffer import SampleBuffer, oldest_version
 from rollart.scheduler.checkpoint import Checkpointer, config_identity
 from rollart.scheduler.errors import ConfigError, SchedulerError
 from rollart.scheduler.metrics import MetricsWriter, RoleTimeline, engine_metrics
@@ -106,6 +106,21 @@ class Trainer(Protocol):
 
         `rollart.app`'s builder registers it in `PipelineParts.closers`, so `Pipeline.close` calls it
         once at the end of a run (and the builder calls it when building fails).
+        """
+        ...
+
+
+@runtime_checkable
+class BuildsBatch(Protocol):
+    """A trainer that builds its own batch from the step's samples (D57), instead of the padded tensors
+    of `rollart.train.build_train_batch`."""
+
+    def build_batch(self, samples: list[Any], pad_token_id: int, normalize_advantage_std: bool) -> Any:
+        """The batch `train_step` takes, from `rollart.train.TrainSample`s (one per trajectory, batch order).
+
+        Called by `Pipeline` once per iteration, on the event loop, right before `train_step`: it must
+        be cheap and must not block. A simulated trainer, which reads token counts only, returns them
+        without padding thousands of sequences into tensors; a real trainer has no reason to offer it.
         """
         ...
 
@@ -198,12 +213,17 @@ class Pipeline:
         return stats
 
     async def _train(self, batch: list[Any]) -> dict[str, float]:
-        tb = build_train_batch(trajectories_to_samples(batch), pad_token_id=self.parts.pad_token_id,
-                               normalize_advantage_std=self.config.trainer.normalize_advantage_std)
-        return await self.parts.trainer.train_step(tb)
+        samples = trajectories_to_samples(batch)
+        trainer = self.parts.trainer
+        normalize = self.config.trainer.normalize_advantage_std
+        if isinstance(trainer, BuildsBatch):  # D57: e.g. a simulated trainer, which counts tokens only
+            tb = trainer.build_batch(samples, self.parts.pad_token_id, normalize)
+        else:
+            tb = build_train_batch(samples, pad_token_id=self.parts.pad_token_id, normalize_advantage_std=normalize)
+        return await trainer.train_step(tb)
 
     def _aborted_total(self) -> int:
-        return sum(1 for r in self.parts.buffer.records().values() if r.state == ABORTED)
+        return self.parts.buffer.counts().aborted  # O(1), and right with a ledger too (D55)
 
     # ---------------------------------------------------------------- stop and failure (D51)
     def _wake(self) -> None:
@@ -348,7 +368,7 @@ class Pipeline:
 
     def status(self, last: dict[str, Any]) -> str:
         """The progress line's status: trajectories trained, tokens/s, reward, version, device roles."""
-        consumed = sum(1 for r in self.parts.buffer.records().values() if r.state == "consumed")
+        consumed = self.parts.buffer.counts().consumed
         roles = self.parts.timeline.roles() if self.parts.timeline is not None else {}
         return status_text(consumed, last, self.parts.trainer.version, roles)
 

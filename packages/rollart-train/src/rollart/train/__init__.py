@@ -1,23 +1,30 @@
 """rollart.train: RL advantages and losses (GRPO, PPO-clip) and training workers: torch on CPU, megatron-core on GPUs.
 
-`MegatronTrainer` is imported lazily on attribute access (`rollart.train.MegatronTrainer`) and is
-left out of `__all__`, so neither `import rollart.train` nor a star import needs megatron-core;
-install the `[megatron]` extra to use it.
+Every name is imported lazily, on first attribute access (`rollart.train.TorchTrainer`, or `from
+rollart.train import TorchTrainer`): importing one submodule (`rollart.train.sim_trainer`, which
+`rollart sim` uses) must not import transformers through `models` (rollart-app D64). `MegatronTrainer`
+resolves the same way and is left out of `__all__`, so neither `import rollart.train` nor a star
+import needs megatron-core; install the `[megatron]` extra to use it.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from rollart.train.advantages import grpo_advantages
-from rollart.train.batch import TrainBatch, TrainSample, build_train_batch
-from rollart.train.errors import TrainError
-from rollart.train.losses import AGGREGATIONS, LossConfig, kl_k3, masked_aggregate, policy_loss, ppo_clip_loss
-from rollart.train.models import build_causal_lm, tiny_llama_config
-from rollart.train.protocols import PolicyTrainer
-from rollart.train.torch_trainer import TorchTrainer, TrainerConfig
-
 __version__ = "0.1.0"
+
+_WHERE = {
+    "grpo_advantages": "advantages",
+    "TrainBatch": "batch", "TrainSample": "batch", "build_train_batch": "batch",
+    "TrainError": "errors",
+    "AGGREGATIONS": "losses", "LossConfig": "losses", "kl_k3": "losses", "masked_aggregate": "losses",
+    "policy_loss": "losses", "ppo_clip_loss": "losses",
+    "build_causal_lm": "models", "tiny_llama_config": "models",
+    "PolicyTrainer": "protocols",
+    "TorchTrainer": "torch_trainer", "TrainerConfig": "torch_trainer",
+    "MegatronTrainer": "megatron_trainer",
+}
 
 __all__ = [
     "AGGREGATIONS",
@@ -40,8 +47,13 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name == "MegatronTrainer":
-        from rollart.train.megatron_trainer import MegatronTrainer
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rollart.train' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"rollart.train.{module}"), name)
+    globals()[name] = value  # resolved once
+    return value
 
-        return MegatronTrainer
-    raise AttributeError(f"module 'rollart.train' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])
