@@ -60,3 +60,15 @@ def test_the_removed_trainer_algorithm_is_an_error_naming_it(tmp_path):
     with pytest.raises(ConfigError, match="trainer.algorithm: removed"):
         load_config(p)
     assert "algorithm" not in TrainerSection.model_fields
+
+
+def test_trainer_restarts_and_local_channel_replicas_are_checked():
+    """D75: the rebuild budget defaults to 2 and is bounded; local-channel replicas would have no data-parallel group."""
+    assert parse_config({}).trainer.restarts == 2
+    assert parse_config({"trainer": {"restarts": 0}}).trainer.restarts == 0
+    with pytest.raises(ConfigError, match=r"trainer.restarts.*greater than or equal to 0"):
+        parse_config({"trainer": {"restarts": -1}})
+    actors = {"cluster": {"ray": "local"}, "trainer": {"placement": "actors", "devices": 2}}
+    with pytest.raises(ConfigError, match=r"trainer.devices: 2 replicas need a data-parallel group.*torch_dist"):
+        parse_config(actors)
+    assert parse_config({**actors, "sync": {"channel": "torch_dist"}}).trainer.devices == 2

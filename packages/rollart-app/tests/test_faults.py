@@ -1,4 +1,4 @@
-"""Issue 21 items 1 and 3: a SIGKILLed rollout actor is replaced and the run finishes; SIGTERM stops cleanly.
+"""Issue 21 items 1-3: a SIGKILLed rollout actor is replaced, a dead trainer group is rebuilt, SIGTERM stops cleanly.
 
 Real parts: Ray on 127.0.0.1 with logical GPUs (H800, H20), torch engines on the tiny model, the
 example two-pool affinity config; the kill is a real SIGKILL of the actor's process.
@@ -142,6 +142,20 @@ def test_sigterm_stops_like_sigint_checkpoints_and_a_resume_runs_every_iteration
     assert accounting_problems(run_dir) == []
 
 
+async def kill_trainer(pipe) -> None:
+    """SIGKILL the process of trainer actor 0 (what the OOM killer or a node loss does)."""
+    actor = pipe.parts.trainer.handles[0].actor
+    os.kill(await actor.__ray_call__.remote(lambda self: os.getpid()), signal.SIGKILL)
+
+
+def assert_one_stop_line(failed, run_dir: Path, why: str, iterations: list[int]) -> None:
+    """The run stopped with one line naming the dead actor, why it was not rebuilt, and the resume command."""
+    line = str(failed.value)
+    assert "\n" not in line and line.startswith("trainer actor trainer/0 died during train_step"), line
+    assert why in line and f"rollart run CONFIG --run-dir {run_dir}" in line, line
+    assert [r["iteration"] for r in read_metrics(run_dir)] == iterations
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 async def test_a_dead_trainer_actor_stops_the_run_in_one_line_naming_it_and_the_resume_command(ray_cluster, tmp_path):
@@ -152,13 +166,72 @@ async def test_a_dead_trainer_actor_stops_the_run_in_one_line_naming_it_and_the_
     pipe = await build_pipeline(parse_config(raw), tmp_path)
     try:
         await pipe.run(1, progress=False)
-        actor = pipe.parts.trainer.handles[0].actor
-        os.kill(await actor.__ray_call__.remote(lambda self: os.getpid()), signal.SIGKILL)
+        await kill_trainer(pipe)
         with pytest.raises(RunFailed) as failed:
             await pipe.run(3, progress=False)
     finally:
         await pipe.close()
-    line = str(failed.value)
-    assert "\n" not in line and line.startswith("trainer actor trainer/0 died during ")
-    assert f"rollart run CONFIG --run-dir {tmp_path}" in line
-    assert pipe.iteration == 1 and [r["iteration"] for r in read_metrics(tmp_path)] == [1]
+    assert_one_stop_line(failed, tmp_path, "not rebuilt automatically (sync.channel torch_dist binds it into the "
+                                           "rollout actors' world)", [1])
+    assert pipe.iteration == 1
+
+
+def trainer_actors_config(restarts: int) -> dict:
+    raw = example_config()
+    raw["trainer"].update({"placement": "actors", "devices": 1, "restarts": restarts})  # sync.channel: local
+    return raw
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+async def test_a_dead_trainer_actor_is_rebuilt_from_the_last_checkpoint_and_the_run_finishes(ray_cluster, tmp_path):
+    """Item 2 (D75): before, the run stopped at the first trainer death (and with sync.channel local the
+    trainer actors never built their trainer)."""
+    pipe = await build_pipeline(parse_config(trainer_actors_config(restarts=2)), tmp_path)
+    plan = pipe.parts.trainer.rebuild
+    spawn, during = plan.spawn, []
+
+    async def spawn_watched():  # trajectories finished while the new trainer actor starts
+        before = pipe.seen_trajectories
+        handles = await spawn()
+        during.append(pipe.seen_trajectories - before)
+        return handles
+
+    plan.spawn = spawn_watched
+    try:
+        await pipe.run(1, progress=False)
+        await kill_trainer(pipe)
+        recs = await pipe.run(3, progress=False)
+    finally:
+        await pipe.close()
+    assert [r["iteration"] for r in recs] == [2, 3]
+    metrics = read_metrics(tmp_path)
+    assert [r["iteration"] for r in metrics] == [1, 2, 3]  # every iteration once
+    assert [r["version"] for r in metrics] == [1, 2, 3]  # monotonic: the rebuilt trainer continues at version 1
+    rebuilt = [e for e in read_events(tmp_path) if e["kind"] == "trainer_rebuilt"]
+    assert len(rebuilt) == 1, rebuilt
+    event = rebuilt[0]
+    assert event["actor"] == "trainer/0" and event["method"] == "train_step" and event["iteration"] == 2
+    assert event["checkpoint_version"] == 1 and event["version"] == 1 and event["lost_updates"] == 0
+    assert event["seconds"] > 0 and event["rebuilds"] == 1 and event["budget"] == 2 and event["cause"]
+    assert during[0] > 0, during  # the rollout side kept generating while the trainer was rebuilt
+    assert accounting_problems(tmp_path) == []
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+async def test_past_the_restart_budget_a_dead_trainer_stops_the_run_in_one_line(ray_cluster, tmp_path):
+    """Item 2 (D75): one rebuild is allowed; the second death stops the run naming the actor, the budget
+    and the resume command."""
+    pipe = await build_pipeline(parse_config(trainer_actors_config(restarts=1)), tmp_path)
+    try:
+        await pipe.run(1, progress=False)
+        await kill_trainer(pipe)
+        await pipe.run(2, progress=False)  # rebuilt within the budget
+        await kill_trainer(pipe)
+        with pytest.raises(RunFailed) as failed:
+            await pipe.run(3, progress=False)
+    finally:
+        await pipe.close()
+    assert_one_stop_line(failed, tmp_path, "rebuilt 1 times, the budget (trainer.restarts: 1) is spent", [1, 2])
+    assert [e["kind"] for e in read_events(tmp_path)].count("trainer_rebuilt") == 1

@@ -229,3 +229,25 @@ def test_build_causal_lm_is_deterministic_and_keeps_the_caller_rng():
     assert torch.equal(torch.rand(1), expected)
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x, y), name
+
+
+def test_a_trainer_restored_from_an_older_checkpoint_continues_at_the_runs_version(tmp_path):
+    """D22: the rebuilt trainer has the checkpoint's weights and optimizer but the run's version counter."""
+    config = TrainerConfig(lr=1e-3, micro_batch_size=2)
+    trainer = TorchTrainer(_model(seed=0), config)
+    batch = _varied_batch()
+    trainer.train_step(batch)
+    trainer.save_checkpoint(tmp_path / "trainer")
+    trainer.train_step(batch)
+    trainer.train_step(batch)  # version 3; the checkpoint holds version 1
+
+    rebuilt = TorchTrainer(_model(seed=1), config)
+    rebuilt.load_checkpoint(tmp_path / "trainer")
+    weights = {k: v.clone() for k, v in rebuilt.named_tensors().items()}
+    rebuilt.continue_at(trainer.version)
+    assert rebuilt.version == 3
+    assert all(torch.equal(weights[k], v) for k, v in rebuilt.named_tensors().items())  # only the number moved
+    assert rebuilt.train_step(batch)["version"] == 4.0 and rebuilt.version == 4
+    with pytest.raises(TrainError, match=r"version must be an integer in \[4, "):
+        rebuilt.continue_at(2)  # versions never go back
+    assert rebuilt.version == 4

@@ -346,6 +346,10 @@ class TrainerActor(Worker):
         """Restore from a checkpoint."""
         await asyncio.to_thread(self._trainer.load_checkpoint, path)
 
+    def continue_at(self, version: int) -> None:
+        """Keep the run's version after a rebuild from an older checkpoint (D75, rollart-train D22)."""
+        self._trainer.continue_at(version)
+
     async def stop(self) -> None:
         """Leave the sync world."""
         await self._sync.close()

@@ -27,7 +27,7 @@ from rollart.app.config import RolloutPool, RunConfig, TaskSection
 from rollart.app.engines import EngineSpec
 from rollart.app.model_source import ModelSpec
 from rollart.app.task_factory import TaskParts, build_task
-from rollart.app.trainers import ActorTrainerGroup, ChannelUpdater, LocalTrainer, LocalUpdater
+from rollart.app.trainers import ActorTrainerGroup, ChannelUpdater, LocalTrainer, LocalUpdater, TrainerRebuild
 from rollart.env.manager import EnvManager, EnvManagerConfig
 from rollart.env.protocols import SamplingParams
 from rollart.env.retry import RetryPolicy
@@ -181,9 +181,23 @@ async def start_trainer(config: RunConfig, model: ModelSpec, placement: Placemen
 
         return LocalTrainer(build_trainer(model, tc.backend, trainer_config(config)),
                             on_close=release_megatron_parallel_state if tc.backend == "megatron" else None)
-    handles = await start_trainer_actors(runtime, model, tc.backend, trainer_config(config), tc.hardware, placement.trainer)
+    async def spawn() -> list[Any]:
+        handles = await start_trainer_actors(runtime, model, tc.backend, trainer_config(config), tc.hardware,
+                                             placement.trainer)
+        if config.sync.channel == "local":  # no world to join: each replica builds its trainer alone
+            await asyncio.gather(*(runtime.call(h, "start_local", (), {}) for h in handles))
+        return handles
+
     hint = f"resume from the last checkpoint with: rollart run CONFIG --run-dir {run_dir}" if run_dir else ""
-    return ActorTrainerGroup(runtime, handles, timeout_s=config.pipeline.update_timeout_s * 10, resume_hint=hint)
+    rebuild, why_not = None, ""
+    if config.sync.channel == "local":  # rebuilt from the last checkpoint within trainer.restarts (D75)
+        checkpoints = Checkpointer(run_dir / "checkpoints") if run_dir is not None else None
+        rebuild = TrainerRebuild(spawn, lambda: checkpoints.latest() if checkpoints is not None else None,
+                                 budget=tc.restarts)
+    else:
+        why_not = f"sync.channel {config.sync.channel} binds it into the rollout actors' world"
+    return ActorTrainerGroup(runtime, await spawn(), timeout_s=config.pipeline.update_timeout_s * 10, resume_hint=hint,
+                             rebuild=rebuild, no_rebuild_reason=why_not)
 
 
 async def world_backend(trainer: ActorTrainerGroup, rollout: list[Any]) -> str:
@@ -463,6 +477,8 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
         recorder = RunRecorder(run_dir, hardware_of=lambda wid: routing_log.hardware_of.get(wid, "?"))
         if recovery is not None:
             recovery.recorder, recovery.routing_log = recorder, routing_log
+        if getattr(trainer, "rebuild", None) is not None:  # trainer_rebuilt in events.jsonl (D75)
+            trainer.rebuild.on_event = lambda kind, **detail: recorder.events.record(kind, recorder.iteration, **detail)
         slots, names = build_envs(config, parts, proxy, sinks, routing_log, recorder)
         rollout = RolloutScheduler(slots, names, buffer, proxy, carry_over=pcfg.mode != "one_off", seed=config.run.seed,
                                    lockstep=pcfg.env_interaction == "batch", once_per_launch=pcfg.mode == "sync")

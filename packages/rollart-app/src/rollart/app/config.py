@@ -305,6 +305,9 @@ class TrainerSection(_Strict):
     forward_passes: list[Literal["old_policy", "reference"]] = Field(default_factory=lambda: ["old_policy", "reference"])
     """Forward-only passes of the RL step that `backend: sim` prices (design D61): `old_policy` (recomputed log-probs of the sampling policy), `reference` (the reference model's, for a KL term); `[]` for neither."""
 
+    restarts: int = Field(2, ge=0, le=100)
+    """Rebuilds of the trainer group from the last checkpoint per run when a trainer actor dies (`placement: actors`, `sync.channel: local`); past it the run stops naming the actor and the resume command."""
+
     @model_validator(mode="after")
     def _forward_passes_once(self) -> TrainerSection:
         if len(set(self.forward_passes)) != len(self.forward_passes):
@@ -442,6 +445,9 @@ def check_composition(config: RunConfig) -> None:
                              "and there is no 'default'")
     if config.trainer.placement == "actors" and not config.cluster.uses_ray:
         raise ValueError("trainer.placement: 'actors' needs a Ray cluster; set cluster.ray to 'local' or an address")
+    if config.trainer.placement == "actors" and config.trainer.devices > 1 and config.sync.channel == "local":
+        raise ValueError(f"trainer.devices: {config.trainer.devices} replicas need a data-parallel group, which "
+                         "sync.channel torch_dist or mooncake forms; use trainer.devices: 1 with sync.channel: local")
     check_simulation(config)
     if config.sync.channel not in ("local", "sim") and config.trainer.placement != "actors":
         raise ValueError(f"sync.channel: {config.sync.channel!r} moves weights from trainer actors; "

@@ -12,8 +12,10 @@ actor already holds, so no state dict passes through the driver.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rollart import checks as check
@@ -21,6 +23,8 @@ from rollart.app.actors import ChannelWeights
 from rollart.resource.errors import WorkerDiedError
 from rollart.scheduler.errors import RunFailed, SchedulerError
 from rollart.train.batch import TrainBatch
+
+_log = logging.getLogger(__name__)
 
 
 def split_batch(batch: TrainBatch, parts: int) -> list[TrainBatch]:
@@ -82,12 +86,37 @@ class LocalTrainer:
             self._on_close = None
 
 
+@dataclass
+class TrainerRebuild:
+    """How a trainer group whose replica died is rebuilt from the last checkpoint (D75).
+
+    `spawn` starts new replicas on the group's devices (ready to train, no weights loaded beyond the
+    model's own); `checkpoint` returns the newest complete checkpoint (`.path`, `.version`) or None;
+    `budget` is `trainer.restarts`, rebuilds per run; `on_event(kind, **detail)` writes events.jsonl.
+    """
+
+    spawn: Callable[[], Awaitable[list[Any]]]
+    checkpoint: Callable[[], Any]
+    budget: int
+    on_event: Callable[..., Any] | None = None
+
+
+class _ReplicaDied(Exception):
+    """A replica's call failed because its actor is gone (internal: rebuilt or turned into RunFailed)."""
+
+    def __init__(self, rank: int, method: str, cause: BaseException) -> None:
+        super().__init__(f"trainer/{rank} died during {method} ({cause})")
+        self.rank, self.method, self.cause = rank, method, cause
+
+
 class ActorTrainerGroup:
     """Data-parallel trainer actors: shard, step together, report rank 0's metrics."""
 
-    def __init__(self, runtime: Any, handles: Sequence[Any], timeout_s: float = 600.0, resume_hint: str = "") -> None:
+    def __init__(self, runtime: Any, handles: Sequence[Any], timeout_s: float = 600.0, resume_hint: str = "",
+                 rebuild: TrainerRebuild | None = None, no_rebuild_reason: str = "") -> None:
         """`handles` are spawned TrainerActors in rank order (rank 0 publishes); `resume_hint` ends the
-        one line a dead replica stops the run with (D54)."""
+        one line a dead replica stops the run with (D54); with `rebuild`, a dead replica is rebuilt
+        from the last checkpoint within its budget instead (D75); `no_rebuild_reason` says why not."""
         # VAL: VAL_NON_EMPTY(handles, exc=SchedulerError)
         check.non_empty("handles", handles, exc=SchedulerError)  # generated #2b1103e29d
         # VAL: VAL_TIMEOUT(timeout_s, exc=SchedulerError)
@@ -96,20 +125,74 @@ class ActorTrainerGroup:
         self.handles = list(handles)
         self.timeout_s = timeout_s
         self.resume_hint = resume_hint
+        self.rebuild = rebuild
+        self.no_rebuild_reason = no_rebuild_reason
+        self.rebuilds = 0
         self._version = 0
 
-    async def call(self, rank: int, method: str, *args: Any) -> Any:
-        """Call one replica with the group's deadline; a dead replica stops the run in one line (D54)."""
+    async def _raw(self, rank: int, method: str, *args: Any) -> Any:
         try:
             return await asyncio.wait_for(self.runtime.call(self.handles[rank], method, args, {}), self.timeout_s)
         except WorkerDiedError as exc:
-            hint = f"; {self.resume_hint}" if self.resume_hint else ""
-            raise RunFailed(f"trainer actor trainer/{rank} died during {method} ({exc}); the trainer group is not "
-                            f"rebuilt automatically{hint}") from exc
+            raise _ReplicaDied(rank, method, exc) from exc
+
+    async def _guarded(self, run: Callable[[], Awaitable[Any]]) -> Any:
+        """Run `run`; a dead replica rebuilds the group and runs it again (D75), or stops the run in one line (D54)."""
+        while True:
+            try:
+                return await run()
+            except _ReplicaDied as died:
+                await self._rebuild_or_fail(died)
+
+    def _stop_line(self, died: _ReplicaDied, why: str) -> RunFailed:
+        hint = f"; {self.resume_hint}" if self.resume_hint else ""
+        return RunFailed(f"trainer actor trainer/{died.rank} died during {died.method} ({died.cause}); {why}{hint}")
+
+    async def _rebuild_or_fail(self, died: _ReplicaDied) -> None:
+        plan = self.rebuild
+        if plan is None:
+            raise self._stop_line(died, "the trainer group is not rebuilt automatically"
+                                        + (f" ({self.no_rebuild_reason})" if self.no_rebuild_reason else "")) from died.cause
+        if self.rebuilds >= plan.budget:
+            raise self._stop_line(died, f"the trainer group was rebuilt {self.rebuilds} times, the budget "
+                                        f"(trainer.restarts: {plan.budget}) is spent") from died.cause
+        self.rebuilds += 1
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        _log.warning("%s: rebuilding the trainer group from the last checkpoint (%d of %d)", died, self.rebuilds,
+                     plan.budget)
+        for h in self.handles:  # release the dead group: its actors and placement groups (same devices again)
+            try:
+                await self.runtime.remove(h)
+            except Exception as exc:  # noqa: BLE001 - a dead actor may be half gone; the devices are what matter
+                _log.warning("removing trainer actor %s: %s", h, exc)
+        try:
+            self.handles = list(await plan.spawn())
+            info = plan.checkpoint()
+            if info is not None:
+                await asyncio.gather(*(self._raw(r, "load_checkpoint", str(info.path / "trainer"))
+                                       for r in range(len(self.handles))))
+            await asyncio.gather(*(self._raw(r, "continue_at", self._version) for r in range(len(self.handles))))
+        except Exception as exc:  # noqa: BLE001 - any failure to rebuild ends the run in one line
+            raise self._stop_line(died, f"rebuilding the trainer group failed ({type(exc).__name__}: {exc})") from exc
+        restored = info.version if info is not None else 0
+        seconds = loop.time() - t0
+        if plan.on_event is not None:
+            plan.on_event("trainer_rebuilt", actor=f"trainer/{died.rank}", method=died.method, cause=str(died.cause),
+                          checkpoint=str(info.path) if info is not None else None, checkpoint_version=restored,
+                          version=self._version, lost_updates=self._version - restored, seconds=seconds,
+                          rebuilds=self.rebuilds, budget=plan.budget)
+        _log.warning("trainer group rebuilt in %.1f s from version %d, continuing at version %d (%d updates lost)",
+                     seconds, restored, self._version, self._version - restored)
+
+    async def call(self, rank: int, method: str, *args: Any) -> Any:
+        """Call one replica with the group's deadline; a dead replica rebuilds the group (D75) or stops the run (D54)."""
+        return await self._guarded(lambda: self._raw(rank, method, *args))
 
     async def call_all(self, method: str, *args: Any) -> list[Any]:
-        """Call every replica with the same arguments."""
-        return await asyncio.gather(*(self.call(r, method, *args) for r in range(len(self.handles))))
+        """Call every replica with the same arguments (after a rebuild, every new replica again)."""
+        return await self._guarded(lambda: asyncio.gather(*(self._raw(r, method, *args)
+                                                            for r in range(len(self.handles)))))
 
     @property
     def version(self) -> int:
@@ -118,8 +201,11 @@ class ActorTrainerGroup:
 
     async def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """Each replica steps on its shard; gradients are summed inside the group."""
-        shards = split_batch(batch, len(self.handles))
-        results = await asyncio.gather(*(self.call(r, "train_step", s) for r, s in enumerate(shards)))
+        async def step() -> list[dict[str, float]]:  # run again on the same batch after a rebuild (D75)
+            shards = split_batch(batch, len(self.handles))
+            return await asyncio.gather(*(self._raw(r, "train_step", s) for r, s in enumerate(shards)))
+
+        results = await self._guarded(step)
         self._version = int(results[0]["version"])
         return results[0]
 

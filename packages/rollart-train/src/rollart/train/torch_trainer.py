@@ -326,3 +326,10 @@ class TorchTrainer:
         self.model.load_state_dict(load_state(path, "model"))
         self.optimizer.load_state_dict(load_state(path, "optimizer"))
         self._version = int(state["version"])
+
+    def continue_at(self, version: int) -> None:
+        """Number the next step `version + 1` (D22): a trainer rebuilt from an older checkpoint keeps the
+        run's version counter, which the buffer's staleness bound and the proxy only let go forward."""
+        # VAL: VAL_INT_RANGE(version, min=self._version, max=2**62, exc=TrainError)
+        check.int_range("version", version, min=self._version, max=2**62, exc=TrainError)  # generated #572a97feff
+        self._version = int(version)
