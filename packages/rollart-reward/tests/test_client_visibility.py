@@ -4,6 +4,7 @@ and `rollart-reward serve` removes the temporary cache directory it made when it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -75,6 +76,17 @@ async def test_a_call_that_fails_is_logged_and_counted_by_kind(caplog):
     assert any("scoring failed: RewardTimeoutError" in r.getMessage() for r in caplog.records)
 
 
+def _healthy_within(seconds: float, url: str, proc: subprocess.Popen) -> bool:
+    """Poll `url` every 0.2 s until it answers 200 (True), the process exits or `seconds` pass (False)."""
+    end = time.monotonic() + seconds
+    while proc.poll() is None and time.monotonic() < end:
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(url, timeout=1).status_code == 200:
+                return True
+        time.sleep(0.2)
+    return False
+
+
 def test_serve_removes_its_temporary_cache_directory_on_exit(tmp_path):
     """Before: `rollart-reward serve` without --cache-path left /tmp/rollart-reward-*/cache.sqlite behind."""
     port = free_port()
@@ -83,16 +95,7 @@ def test_serve_removes_its_temporary_cache_directory_on_exit(tmp_path):
                              "--port", str(port)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stderr.read()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "rollart-reward serve did not come up"
-            time.sleep(0.2)
+        assert _healthy_within(60.0, f"http://127.0.0.1:{port}/health", proc), proc.stderr.read()
         made = list(tmp_path.glob("rollart-reward-*"))
         assert len(made) == 1 and made[0].is_dir()
     finally:
