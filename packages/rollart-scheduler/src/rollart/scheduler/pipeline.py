@@ -25,6 +25,7 @@ from rollart.scheduler.adapters import trajectories_to_samples
 from rollart.scheduler.buffer import ABORTED, SampleBuffer, oldest_version
 from rollart.scheduler.checkpoint import Checkpointer, config_identity
 from rollart.scheduler.errors import ConfigError, SchedulerError
+from rollart.scheduler.failures import FailureWatch, reward_metrics
 from rollart.scheduler.metrics import MetricsWriter, RoleTimeline, engine_metrics
 from rollart.scheduler.progress import progress_line, status_text
 from rollart.scheduler.rollout import RolloutScheduler
@@ -126,6 +127,7 @@ class PipelineParts:
     placement: Any = None  # builder.Placement: ledger devices of each pool and the trainer
     routing_log: Any = None  # adapters.RoutingLog: requests per tag and hardware
     engine_stats: Callable[[], Awaitable[dict[str, float]]] | None = None  # summed engine counters
+    reward_stats: Callable[[], dict[str, Any]] | None = None  # reward clients' cumulative stats, summed (D53)
 
 
 class Pipeline:
@@ -159,6 +161,9 @@ class Pipeline:
         self._engine_stats: dict[str, float] = {}
         self.history: list[dict[str, Any]] = []
         parts.buffer.observe(self.on_trajectory)
+        self.failures = FailureWatch(limit=max(16, 2 * config.pipeline.group_size))  # D52
+        parts.buffer.observe(self.failures.observe)
+        self._reward_stats: dict[str, Any] = {}
 
     # ---------------------------------------------------------------- helpers
     def on_trajectory(self, traj: Trajectory) -> None:
@@ -198,7 +203,7 @@ class Pipeline:
         tokens0 = self._tokens
         version0 = p.trainer.version
         self._roles(p.rollout_devices, "rollout")
-        batch = await p.buffer.get_batch(cfg.batch_size, timeout_s=cfg.get_batch_timeout_s)
+        batch = await self.failures.guard(p.buffer.get_batch(cfg.batch_size, timeout_s=cfg.get_batch_timeout_s))
         t_batch = loop.time()
         record = SwitchRecord((), "not time_sharing")
         if mode == "sync":
@@ -259,6 +264,11 @@ class Pipeline:
             now = await p.engine_stats()
             rec.update(engine_metrics(self._engine_stats, now))
             self._engine_stats = now
+        rec.update(self.failures.take())  # env_errors, reward_errors by kind (D52)
+        if p.reward_stats is not None:  # reward_retries, reward_outage_s (D53)
+            now_stats = p.reward_stats()
+            rec.update(reward_metrics(self._reward_stats, now_stats))
+            self._reward_stats = now_stats
         self._seen_aborted = aborted_total
         if p.metrics is not None:
             p.metrics.write(rec)
