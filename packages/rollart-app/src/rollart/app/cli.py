@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime as _dt
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rollart import checks as check
 from rollart.app.config import RunConfig
 from rollart.app.overrides import load_config_with
+from rollart.app.run_logs import root_cause, run_logs
 from rollart.scheduler.checkpoint import ConfigChangedError
 from rollart.scheduler.errors import ConfigError, SchedulerError
 from rollart.scheduler.timeline import plot_timeline
@@ -128,13 +130,23 @@ def run(
         typer.echo(str(err), err=True)
         raise typer.Exit(code=2) from None
     out = Path(run_dir) if run_dir else default_run_dir(cfg)
+    existed = out.exists()
+    logs = None
     try:
         init_ray(cfg)
-        asyncio.run(run_pipeline(cfg, out, count, base_dir=Path(config).parent,
-                                 allow_config_change=allow_config_change))
+        with run_logs(out) as logs:
+            asyncio.run(run_pipeline(cfg, out, count, base_dir=Path(config).parent,
+                                     allow_config_change=allow_config_change))
     except (ConfigError, ConfigChangedError) as err:  # found before a step ran: a name, a capacity, a resume
+        if not existed:  # a run that never started leaves no run directory behind (app D58)
+            shutil.rmtree(out, ignore_errors=True)
         typer.echo(str(err), err=True)
         raise typer.Exit(code=2) from None
+    except Exception as err:  # a part failed: its root cause in one line, and where the logs are (app D56)
+        cause = root_cause(err, logs.copied if logs is not None else [])
+        where = f" (in {cause.log})" if cause.log is not None else ""
+        typer.echo(f"run failed: {cause.line}{where}; logs: {out / 'logs'}", err=True)
+        raise typer.Exit(code=1) from None
 
 
 @app.command()
