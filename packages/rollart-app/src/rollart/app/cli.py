@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rollart import checks as check
 from rollart.app.config import RunConfig
 from rollart.app.overrides import load_config_with
+from rollart.app.preflight import check_before_start
 from rollart.app.run_logs import root_cause, run_logs
 from rollart.scheduler.checkpoint import ConfigChangedError
 from rollart.scheduler.errors import ConfigError, SchedulerError
@@ -133,6 +134,7 @@ def run(
     existed = out.exists()
     logs = None
     try:
+        check_before_start(cfg, base_dir=Path(config).resolve().parent)  # before Ray starts (app D57)
         init_ray(cfg)
         with run_logs(out) as logs:
             asyncio.run(run_pipeline(cfg, out, count, base_dir=Path(config).parent,
@@ -189,15 +191,21 @@ def plan(
     sets: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
     """`rollart plan CONFIG`: validate, resolve every name and print the placement and memory estimate; starts nothing."""
-    from rollart.app.plan import make_plan, render_plan
+    from rollart.app.plan import render_plan
+    from rollart.app.preflight import preflight
 
     try:
         cfg = load_config_with(config, sets)
-        laid_out = make_plan(cfg, base_dir=Path(config).resolve().parent)
     except ConfigError as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(code=2) from None
-    render_plan(laid_out, Console(width=160))
+    checked = preflight(cfg, base_dir=Path(config).resolve().parent)  # what `rollart run` checks (app D57)
+    if checked.plan is not None:
+        render_plan(checked.plan, Console(width=160))
+    for problem in checked.problems:
+        typer.echo(str(problem), err=True)
+    if checked.problems:
+        raise typer.Exit(code=2)
 
 
 @app.command()
