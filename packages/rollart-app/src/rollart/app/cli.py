@@ -165,6 +165,23 @@ def timeline(
     typer.echo(str(path))
 
 
+@app.command()
+def report(
+    run_dir: Path = typer.Argument(..., help="a run directory written by `rollart run`"),
+) -> None:
+    """`rollart report RUN_DIR`: print a summary and write RUN_DIR/report.html with plots (app D58)."""
+    from rollart.app.report import summarize, write_report
+
+    try:
+        page = write_report(run_dir)
+    except SchedulerError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(code=2) from None
+    for line in summarize(run_dir).lines():
+        typer.echo(line)
+    typer.echo(f"report: {page}")
+
+
 checkpoint_app = typer.Typer(add_completion=False, help="Model checkpoints for the example configs.")
 app.add_typer(checkpoint_app, name="checkpoint")
 
