@@ -16,6 +16,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from rollart.app import cli
 from rollart.app.cli import app
 from rollart.app.overrides import load_config_with
 from rollart.app.preflight import preflight
@@ -62,7 +63,7 @@ def test_model_path_is_taken_from_the_config_folder_not_the_working_directory(tm
     assert code == 0, out
 
 
-def test_a_checkpoint_without_weights_is_one_problem_in_plan_and_in_run_before_ray(tmp_path, tiny_ckpt):
+def test_a_checkpoint_without_weights_is_one_problem_in_plan_and_in_run_before_ray(tmp_path, tiny_ckpt, monkeypatch):
     """Before: plan said nothing; run started Ray and the engine failed to load."""
     bare = tmp_path / "bare"
     shutil.copytree(tiny_ckpt, bare)
@@ -74,12 +75,11 @@ def test_a_checkpoint_without_weights_is_one_problem_in_plan_and_in_run_before_r
     line = f"model.path: {str(bare)!r} has config.json but no weights"
     assert line in out, out
     run_dir = tmp_path / "run"
+    started: list[str] = []
+    monkeypatch.setattr(cli, "init_ray", lambda cfg: started.append(cfg.cluster.ray))  # records, starts nothing
     code, out = _cli("run", config, "--run-dir", str(run_dir), "--set", "cluster.ray=local")
     assert code == 2 and line in out, out
-    assert not run_dir.exists()  # nothing started, nothing left behind
-    import ray
-
-    assert not ray.is_initialized()
+    assert started == [] and not run_dir.exists()  # refused before Ray would start; nothing left behind
 
 
 def test_a_vllm_head_size_the_backend_does_not_take_is_found_from_the_model_config(tmp_path, tiny_ckpt):

@@ -8,10 +8,11 @@ import asyncio
 import logging
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollart.proxy.errors import NoWorkerAvailableError
+from rollart.proxy.errors import NoWorkerAvailableError, WorkerFailedError
 from rollart.proxy.proxy import ACTIVE, REMOVED, LLMProxy, restart_delay
 from rollart.proxy.sim_engine import QWEN3_8B, SimEngine, lookup_hardware
 from rollart.proxy.testing import run_virtual
@@ -232,3 +233,89 @@ def test_restart_budget_never_exceeded_in_any_window(gaps, window, max_restarts,
         restarts.append(now + delay)
     for r in restarts:
         assert len([t for t in restarts if r - window < t <= r]) <= max(max_restarts, 0)
+
+
+class DeadActorHandle:
+    """A worker in another process whose process was SIGKILLed: from `dead` on, every call raises
+    WorkerFailedError (what a Ray handle makes of an ActorDiedError), `restart` included."""
+
+    def __init__(self, inner: InferenceWorker) -> None:
+        self.inner = inner
+        self.worker_id, self.hardware, self.devices = inner.worker_id, inner.hardware, inner.devices
+        self.dead = False
+
+    def _check(self, method: str) -> None:
+        if self.dead:
+            raise WorkerFailedError(f"ray worker {self.worker_id} died during {method}: ActorDiedError")
+
+    def submit(self, request):
+        if self.dead:
+            future = asyncio.get_running_loop().create_future()
+            future.set_exception(WorkerFailedError(f"ray worker {self.worker_id} died during submit"))
+            return future
+        return self.inner.submit(request)
+
+    def __getattr__(self, method):
+        async def call(*args):
+            self._check(method)
+            return await getattr(self.inner, method)(*args)
+        return call
+
+
+def test_a_dead_actor_does_not_fail_suspend_resume_or_the_update_and_is_replaced_with_the_new_weights():
+    """D40 (issue 21 item 1): before, suspend/resume raised past a dead actor's error and the update failed."""
+    built = []
+
+    async def factory(rank: int) -> InferenceWorker:
+        worker = InferenceWorker(f"w{rank}-new{len(built)}", Device().engine, hardware="H20", devices=(5,))
+        built.append(worker)
+        await worker.start()
+        return worker
+
+    async def go():
+        _, workers = await pool(2)
+        dying = DeadActorHandle(workers[0])
+        events = Events()
+        proxy = LLMProxy([dying, workers[1]], max_restarts=1, worker_factory=factory, on_event=events,
+                         health_check_interval_s=None)
+        assert (await proxy.generate(req(0))).finish_reason == "length"
+        dying.dead = True
+        await workers[0].stop()
+        await proxy.suspend()
+        await proxy.update_weights({"w": torch.ones(2)}, 1)
+        await proxy.resume()
+        for _ in range(100):  # bounded wait (virtual time): restart fails on the dead actor, the factory replaces it
+            if proxy.slots[0].handle is not dying and proxy.slots[0].state == ACTIVE:
+                break
+            await asyncio.sleep(0.5)
+        answers = await asyncio.gather(*(proxy.generate(req(i)) for i in range(1, 7)))
+        result = (answers, proxy.slots[0].state, proxy.slots[0].version, proxy.version, events)
+        await proxy.close()
+        return result
+
+    answers, state, slot_version, version, events = run_virtual(go())
+    assert state == ACTIVE and slot_version == version == 1
+    assert built and built[0].engine.version == 1  # the replacement loaded the current weights
+    assert all(a.finish_reason == "length" for a in answers)
+    assert {w for a in answers for w in a.worker_ids} >= {"w0-new0"}
+    failed = [d for _, k, d in events if k == "worker_failed"]
+    assert failed and failed[0]["worker"] == "w0" and "died" in failed[0]["cause"]
+    assert [k for _, k, _ in events].count("worker_replaced") == 1
+
+
+def test_every_worker_dead_fails_the_update_in_one_error():
+    async def go():
+        _, workers = await pool(1)
+        dying = DeadActorHandle(workers[0])
+        proxy = LLMProxy([dying], health_check_interval_s=None)
+        dying.dead = True
+        try:
+            await proxy.update_weights({"w": torch.ones(2)}, 1)
+        except WorkerFailedError as exc:
+            return proxy.version, str(exc)
+        finally:
+            await proxy.close()
+        return None
+
+    version, message = run_virtual(go())
+    assert version == 0 and "died during load_weights" in message

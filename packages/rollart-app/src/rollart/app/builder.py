@@ -32,15 +32,17 @@ from rollart.env.error_report import ErrorReport
 from rollart.env.manager import EnvManager, EnvManagerConfig
 from rollart.env.protocols import SamplingParams
 from rollart.env.retry import RetryPolicy
+from rollart.proxy.errors import WorkerFailedError
 from rollart.proxy.proxy import LLMProxy
 from rollart.proxy.routing import AffinityRouter
 from rollart.proxy.worker import InferenceWorker
 from rollart.scheduler.adapters import ProxyElasticPool, ProxyLLMClient, ProxyWeightLoader, RoutingLog
 from rollart.scheduler.buffer import SampleBuffer
 from rollart.scheduler.checkpoint import Checkpointer
-from rollart.scheduler.errors import ConfigError
+from rollart.scheduler.errors import ConfigError, RunFailed
 from rollart.scheduler.metrics import MetricsWriter, RoleTimeline
 from rollart.scheduler.pipeline import Pipeline, PipelineParts
+from rollart.scheduler.records import RunRecorder
 from rollart.scheduler.rollout import RolloutScheduler
 from rollart.scheduler.scoring import ScoringSink
 from rollart.scheduler.timesharing import AlwaysShrinkPolicy, CostAwarePolicy, TimeSharingController
@@ -147,7 +149,8 @@ async def start_pools(config: RunConfig, model: ModelSpec, placement: Placement,
     return workers
 
 
-async def start_trainer(config: RunConfig, model: ModelSpec, placement: Placement, runtime: Any | None) -> Any:
+async def start_trainer(config: RunConfig, model: ModelSpec, placement: Placement, runtime: Any | None,
+                        run_dir: Path | None = None) -> Any:
     """The trainer in this process, or data-parallel actors (their world is joined by `connect_world`)."""
     from rollart.app.actors import build_trainer
     from rollart.app.ray_workers import start_trainer_actors
@@ -166,7 +169,8 @@ async def start_trainer(config: RunConfig, model: ModelSpec, placement: Placemen
         return LocalTrainer(build_trainer(model, tc.backend, trainer_config(config)),
                             on_close=release_megatron_parallel_state if tc.backend == "megatron" else None)
     handles = await start_trainer_actors(runtime, model, tc.backend, trainer_config(config), tc.hardware, placement.trainer)
-    return ActorTrainerGroup(runtime, handles, timeout_s=config.pipeline.update_timeout_s * 10)
+    hint = f"resume from the last checkpoint with: rollart run CONFIG --run-dir {run_dir}" if run_dir else ""
+    return ActorTrainerGroup(runtime, handles, timeout_s=config.pipeline.update_timeout_s * 10, resume_hint=hint)
 
 
 async def connect_world(config: RunConfig, trainer: ActorTrainerGroup, rollout: list[Any]) -> list[Any]:
@@ -223,7 +227,8 @@ def with_system_prompt(builder: Any, system_prompt: str) -> Any:
 
 
 def build_envs(config: RunConfig, parts: list[TaskParts], proxy: LLMProxy, sinks: list[Any],
-               routing_log: RoutingLog | None = None) -> tuple[list[list[EnvManager]], list[str]]:
+               routing_log: RoutingLog | None = None,
+               recorder: RunRecorder | None = None) -> tuple[list[list[EnvManager]], list[str]]:
     """Group slots of EnvManagers (one env each), each slot one task, its managers tagged for routing."""
     pcfg = config.pipeline
     keys = task_keys(config)
@@ -242,12 +247,91 @@ def build_envs(config: RunConfig, parts: list[TaskParts], proxy: LLMProxy, sinks
         wrap = tp.llm_wrapper or (lambda client: client)
         report = reports.setdefault(index, ErrorReport(label=keys[index]))  # one per task (env D29)
         slots.append([EnvManager(tp.env_factory, wrap(ProxyLLMClient(proxy, timeout_s=llm_timeout,
-                                                     on_response=routing_log.record if routing_log else None)),
+                                                     on_response=routing_log.record if routing_log else None,
+                                                     on_served=recorder.served if recorder else None)),
                                  with_system_prompt(tp.prompts_factory(), task.system_prompt), sinks[index], ecfg,
                                  name=f"{keys[index]}-{i}-{j}", tag=task.tag, errors=report)
                       for j in range(pcfg.group_size)])
         names.append(keys[index])
     return slots, names
+
+
+RECORDED_PROXY_EVENTS = {"worker_failed": "actor_died", "worker_restarted": "actor_replaced",
+                         "worker_replaced": "actor_replaced", "worker_removed": "actor_removed",
+                         "replacement_failed": "replacement_failed", "health_check_failed": "health_check_failed"}
+
+
+class RolloutRecovery:
+    """Replaces dead rollout workers and watches for a lost pool (design D51).
+
+    The proxy restarts a dead worker in its placement group, then, past its restart budget, calls
+    `replace(rank)`: a new worker of the same pool on a free device of the pool's hardware (the dead
+    one's device is released first, so it is a candidate). Proxy events become run events; a pool
+    whose every worker is gone while a replacement just failed ends the run with one line.
+    """
+
+    def __init__(self, config: RunConfig, model: ModelSpec, placement: Placement, ledger: Any, runtime: Any | None,
+                 run_dir: Path) -> None:
+        """The ranks follow `start_pools`: pools in config order, a worker per device."""
+        self.config, self.model, self.ledger, self.runtime, self.run_dir = config, model, ledger, runtime, run_dir
+        self.ranks = [(pool, i) for pool in config.rollout.pools for i in range(len(placement.pools[pool.name]))]
+        self.proxy: LLMProxy | None = None
+        self.recorder: RunRecorder | None = None
+        self.routing_log: RoutingLog | None = None
+        self.pipeline: Pipeline | None = None
+        self._count = 0
+
+    def _device(self, pool: Any, old: tuple[int, ...]) -> int:
+        owner = f"pool:{pool.name}"
+        try:
+            self.ledger.release(owner, list(old))
+        except Exception:  # noqa: BLE001 - already released by an earlier attempt
+            log.debug("releasing %s of %s failed", old, owner, exc_info=True)
+        return self.ledger.allocate(owner, "rollout", 1, pool.hardware).devices[0]
+
+    async def replace(self, rank: int) -> Any:
+        """A new worker for `rank` (the proxy's `worker_factory`)."""
+        from rollart.app.ray_workers import start_rollout_actor
+
+        pool, index = self.ranks[rank]
+        assert self.proxy is not None
+        device = self._device(pool, tuple(self.proxy.slots[rank].devices))
+        self._count += 1
+        worker_id = f"{pool.name}-{index}.r{self._count}"
+        spec = EngineSpec(pool.engine, self.model, pool.hardware, pool.max_num_seqs, dict(pool.engine_args))
+        if self.runtime is not None and pool.engine != "sim":
+            worker = await start_rollout_actor(self.runtime, pool.name, spec, index, pool.devices, device,
+                                               worker_id=worker_id)
+        else:
+            worker = InferenceWorker(worker_id, spec.build, hardware=pool.hardware, devices=(device,))
+            await worker.start()
+        if self.routing_log is not None:
+            self.routing_log.hardware_of[worker_id] = pool.hardware
+        return worker
+
+    def on_event(self, kind: str, data: dict[str, Any]) -> None:
+        """The proxy's event hook: failures and replacements go to events.jsonl; a lost pool fails the run."""
+        recorded = RECORDED_PROXY_EVENTS.get(kind)
+        if recorded is None or self.recorder is None:
+            return
+        pool = self.ranks[data["rank"]][0].name if "rank" in data and data["rank"] < len(self.ranks) else None
+        how = {"worker_restarted": "restarted on its device", "worker_replaced": "new actor"}.get(kind)
+        self.recorder.events.record(recorded, iteration=self.recorder.iteration, pool=pool,
+                                    **({"how": how} if how else {}), **data)
+        if kind == "replacement_failed" and pool is not None and self.proxy is not None:
+            ranks = [r for r, (p, _) in enumerate(self.ranks) if p.name == pool]
+            if not any(self.proxy.slots[r].state == "active" for r in ranks):
+                line = (f"rollout pool {pool!r} ({data.get('hardware')}) lost every worker and could not start one: "
+                        f"{data.get('error')}; resume with: rollart run CONFIG --run-dir {self.run_dir}")
+                self.recorder.events.record("pool_lost", iteration=self.recorder.iteration, pool=pool,
+                                            cause=data.get("error"))
+                if self.pipeline is not None:
+                    self.pipeline.fail(RunFailed(line))
+
+
+def serving(proxy: LLMProxy) -> list[Any]:
+    """The proxy's live workers now (a replaced worker's new handle, not the dead one's)."""
+    return [s.handle for s in proxy.slots if s.state == "active"]
 
 
 async def collect_engine_stats(workers: list[Any]) -> dict[str, float]:
@@ -260,7 +344,10 @@ async def collect_engine_stats(workers: list[Any]) -> dict[str, float]:
             stats = getattr(w.engine, "stats", None)
             snap = dataclasses.asdict(stats()) if callable(stats) else {}  # SimEngine's `stats` is a plain dict
         else:
-            snap = await w.engine_stats() if hasattr(w, "engine_stats") else {}
+            try:
+                snap = await w.engine_stats() if hasattr(w, "engine_stats") else {}
+            except WorkerFailedError:  # died since the proxy last looked: its counters start over (D51)
+                snap = {}
         for key, value in snap.items():
             total[key] = total.get(key, 0.0) + value
     return total
@@ -320,16 +407,24 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
     ledger, placement = place(config)
     closers.append(ledger.close)
     trainer = None
+    configured_pools = workers is None
     try:
         if workers is None:
             workers = await start_pools(config, model, placement, runtime)
-        trainer = await start_trainer(config, model, placement, runtime)
+        trainer = await start_trainer(config, model, placement, runtime, run_dir)
     except BaseException:
         for w in workers or []:
             await w.stop()
         raise
+    # a replacement takes its weights from the proxy, so only where the proxy holds them (D51)
+    recovery = (RolloutRecovery(config, model, placement, ledger, runtime, run_dir)
+                if configured_pools and config.sync.channel in ("local", "sim") else None)
     proxy = LLMProxy(workers, router=AffinityRouter(config.routing.affinity),
-                     max_inflight_per_worker=config.time_sharing.slots_per_device)
+                     max_inflight_per_worker=config.time_sharing.slots_per_device,
+                     worker_factory=recovery.replace if recovery else None,
+                     on_event=recovery.on_event if recovery else None)
+    if recovery is not None:
+        recovery.proxy = proxy
     try:
         if config.sync.channel == "local":
             updater: Any = LocalUpdater(ModelUpdateGroup(LocalChannel(), [ProxyWeightLoader(proxy)],
@@ -354,7 +449,10 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
         sinks = [ScoringSink(buffer, tp.scorer, deadline_s=getattr(t.reward, "deadline_s", 55.0) + 5.0)
                  for t, tp in zip(config.tasks, parts)]
         routing_log = RoutingLog({w.worker_id: w.hardware for w in workers})
-        slots, names = build_envs(config, parts, proxy, sinks, routing_log)
+        recorder = RunRecorder(run_dir, hardware_of=lambda wid: routing_log.hardware_of.get(wid, "?"))
+        if recovery is not None:
+            recovery.recorder, recovery.routing_log = recorder, routing_log
+        slots, names = build_envs(config, parts, proxy, sinks, routing_log, recorder)
         rollout = RolloutScheduler(slots, names, buffer, proxy, carry_over=pcfg.mode != "one_off", seed=config.run.seed,
                                    lockstep=pcfg.env_interaction == "batch", once_per_launch=pcfg.mode == "sync")
         rollout_devices = [d for w in workers for d in w.devices]
@@ -384,11 +482,14 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
                                        pad_token_id=model.pad_token_id(tokenizer),
                                        closers=[*(s.aclose for s in sinks), proxy.close, trainer.close, *closers],
                                        proxy=proxy, workers=list(workers), placement=placement, routing_log=routing_log,
-                                       engine_stats=lambda: collect_engine_stats(workers),
+                                       engine_stats=lambda: collect_engine_stats(serving(proxy)), recorder=recorder,
                                        reward_stats=reward_stats(parts, run_dir))
     except BaseException:
         # nothing lost on failure: a part that fails to build (a user env that breaks its protocol, a world
         # that cannot form) must not leave actors, placement groups or services behind for the next run
         await _abandon([proxy.close, trainer.close, *closers])
         raise
-    return Pipeline(config, pipeline_parts)
+    pipeline = Pipeline(config, pipeline_parts)
+    if recovery is not None:
+        recovery.pipeline = pipeline
+    return pipeline

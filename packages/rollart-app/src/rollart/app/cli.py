@@ -10,6 +10,7 @@ import asyncio
 import datetime as _dt
 import os
 import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from rollart.app.overrides import load_config_with
 from rollart.app.preflight import check_before_start
 from rollart.app.run_logs import root_cause, run_logs
 from rollart.scheduler.checkpoint import ConfigChangedError
-from rollart.scheduler.errors import ConfigError, SchedulerError
+from rollart.scheduler.errors import ConfigError, RunFailed, SchedulerError
 from rollart.scheduler.timeline import plot_timeline
 
 app = typer.Typer(add_completion=False, help="RollArt: agentic RL on disaggregated hardware.")
@@ -97,12 +98,18 @@ async def run_pipeline(config: RunConfig, run_dir: Path, iterations: int, consol
     console = console or Console()
     pipe = await build_pipeline(config, run_dir, base_dir=base_dir)
     records: list[dict[str, Any]] = []
+    stop_signals = stop_on_signals(pipe)
     try:
         if resume and await pipe.restore(allow_config_change=allow_config_change):
             console.print(f"resumed from checkpoint at iteration {pipe.iteration} (version {pipe.parts.trainer.version})")
         await pipe.run(iterations, on_iteration=records.append, progress=console)
     finally:
+        stop_signals()
         await pipe.close()
+    if pipe.stop_reason is not None:  # SIGTERM / SIGINT: checkpointed and released, then the signal's exit code
+        console.print(f"stopped by {pipe.stop_reason} after iteration {pipe.iteration}; resume with: "
+                      f"rollart run CONFIG --run-dir {run_dir}")
+        raise typer.Exit(code=128 + SIGNAL_NUMBERS.get(pipe.stop_reason, signal.SIGTERM))
     try:
         png = plot_timeline(run_dir, run_dir / "timeline.png")
         console.print(f"timeline: {png}")
@@ -110,6 +117,22 @@ async def run_pipeline(config: RunConfig, run_dir: Path, iterations: int, consol
         console.print(f"no timeline: {err}")
     console.print(f"metrics: {run_dir / 'metrics.jsonl'}")
     return records
+
+
+SIGNAL_NUMBERS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
+
+
+def stop_on_signals(pipe: Any) -> Any:
+    """SIGTERM and SIGINT ask the pipeline to stop cleanly (D52); returns the function that restores the defaults."""
+    loop = asyncio.get_running_loop()
+    for name, number in SIGNAL_NUMBERS.items():
+        loop.add_signal_handler(number, pipe.request_stop, name)
+
+    def restore() -> None:
+        for number in SIGNAL_NUMBERS.values():
+            loop.remove_signal_handler(number)
+
+    return restore
 
 
 @app.command()
@@ -144,6 +167,9 @@ def run(
             shutil.rmtree(out, ignore_errors=True)
         typer.echo(str(err), err=True)
         raise typer.Exit(code=2) from None
+    except RunFailed as err:  # a part the run cannot go on without is gone: one line, what and how to resume
+        typer.echo(f"run failed: {err}; logs: {out / 'logs'}", err=True)
+        raise typer.Exit(code=1) from None
     except Exception as err:  # a part failed: its root cause in one line, and where the logs are (app D56)
         cause = root_cause(err, logs.copied if logs is not None else [])
         where = f" (in {cause.log})" if cause.log is not None else ""

@@ -18,7 +18,8 @@ from typing import Any
 
 from rollart import checks as check
 from rollart.app.actors import ChannelWeights
-from rollart.scheduler.errors import SchedulerError
+from rollart.resource.errors import WorkerDiedError
+from rollart.scheduler.errors import RunFailed, SchedulerError
 from rollart.train.batch import TrainBatch
 
 
@@ -74,8 +75,9 @@ class LocalTrainer:
 class ActorTrainerGroup:
     """Data-parallel trainer actors: shard, step together, report rank 0's metrics."""
 
-    def __init__(self, runtime: Any, handles: Sequence[Any], timeout_s: float = 600.0) -> None:
-        """`handles` are spawned TrainerActors in rank order (rank 0 publishes)."""
+    def __init__(self, runtime: Any, handles: Sequence[Any], timeout_s: float = 600.0, resume_hint: str = "") -> None:
+        """`handles` are spawned TrainerActors in rank order (rank 0 publishes); `resume_hint` ends the
+        one line a dead replica stops the run with (D54)."""
         # VAL: VAL_NON_EMPTY(handles, exc=SchedulerError)
         check.non_empty("handles", handles, exc=SchedulerError)  # generated #2b1103e29d
         # VAL: VAL_TIMEOUT(timeout_s, exc=SchedulerError)
@@ -83,11 +85,17 @@ class ActorTrainerGroup:
         self.runtime = runtime
         self.handles = list(handles)
         self.timeout_s = timeout_s
+        self.resume_hint = resume_hint
         self._version = 0
 
     async def call(self, rank: int, method: str, *args: Any) -> Any:
-        """Call one replica with the group's deadline."""
-        return await asyncio.wait_for(self.runtime.call(self.handles[rank], method, args, {}), self.timeout_s)
+        """Call one replica with the group's deadline; a dead replica stops the run in one line (D54)."""
+        try:
+            return await asyncio.wait_for(self.runtime.call(self.handles[rank], method, args, {}), self.timeout_s)
+        except WorkerDiedError as exc:
+            hint = f"; {self.resume_hint}" if self.resume_hint else ""
+            raise RunFailed(f"trainer actor trainer/{rank} died during {method} ({exc}); the trainer group is not "
+                            f"rebuilt automatically{hint}") from exc
 
     async def call_all(self, method: str, *args: Any) -> list[Any]:
         """Call every replica with the same arguments."""

@@ -155,6 +155,7 @@ class _Track:
     slot: WorkerSlot | None = None
     abort_reason: str | None = None
     worker_ids: list[str] = field(default_factory=list)
+    failure: str = ""  # the last worker failure this request saw (the cause in the worker_failed event)
 
 
 def validate_request(request: GenerateRequest, router: RoutingPolicy) -> None:
@@ -258,6 +259,7 @@ class LLMProxy:
         self._health_timeout = float(health_check_timeout_s)
         self._monitor: asyncio.Task | None = None
         self._replacements: dict[int, asyncio.Task] = {}
+        self._background: set[asyncio.Task] = set()  # failure handling started by control calls (D40)
         self.counters = {"submitted": 0, "finished": 0, "aborted": 0, "migrated": 0, "failures": 0, "removed": 0,
                          "replaced": 0}
         try:
@@ -347,7 +349,8 @@ class LLMProxy:
                 raise ProxyTimeoutError(
                     f"request {track.engine_request.request_id!r} not answered within its deadline on worker {slot.handle.worker_id}"
                 ) from exc
-            except WorkerFailedError:
+            except WorkerFailedError as exc:
+                track.failure = str(exc)
                 req = track.engine_request
                 output = EngineOutput(req.request_id, req.generated_ids, req.generated_logprobs, req.generated_versions, FINISH_WORKER_FAILED)
             finally:
@@ -363,7 +366,7 @@ class LLMProxy:
             self._emit("handed_back", request_id=output.request_id, reason=output.finish_reason,
                        worker=slot.handle.worker_id, token_ids=output.token_ids)
             if output.finish_reason == FINISH_WORKER_FAILED and not self._closed:
-                await self._handle_failure(slot, incarnation)
+                await self._handle_failure(slot, incarnation, cause=track.failure)
             exclude = slot.rank if output.finish_reason == FINISH_MIGRATED else None
 
     def _answer(self, track: _Track, output: EngineOutput | None) -> GenerateResponse:
@@ -479,13 +482,27 @@ class LLMProxy:
         self._notify()
 
     async def _broadcast(self, method: str) -> None:
-        """Call suspend/resume on every worker that is not removed; a worker that failed meanwhile
-        is skipped (its restart applies the proxy's current suspension state)."""
+        """Call suspend/resume on every worker that is not removed; a worker that failed (or died)
+        meanwhile is skipped and handed to failure handling in the background (D40): its restart or
+        replacement applies the proxy's current suspension state."""
         slots = [s for s in self._slots if s.state != REMOVED]
+        incarnations = [s.incarnation for s in slots]
         results = await asyncio.gather(*(getattr(s.handle, method)() for s in slots), return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException) and not isinstance(result, WorkerFailedError):
+        for slot, incarnation, result in zip(slots, incarnations, results):
+            if isinstance(result, WorkerFailedError):
+                self._fail_later(slot, incarnation, result)
+            elif isinstance(result, BaseException):
                 raise result
+
+    def _fail_later(self, slot: WorkerSlot, incarnation: int, error: BaseException) -> None:
+        """Handle a failure found by a control call without holding up the call (D40)."""
+        if self._closed or slot.state != ACTIVE or slot.incarnation != incarnation:
+            return
+        logger.warning("worker %s (rank %d) failed a control call: %s", slot.handle.worker_id, slot.rank, error)
+        task = asyncio.get_running_loop().create_task(self._handle_failure(slot, incarnation, cause=str(error)),
+                                                      name=f"failure-rank-{slot.rank}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def update_weights(self, source: WeightSource | Mapping[str, torch.Tensor], version: int) -> None:
         """Push ``version`` to every active worker; offloaded ones get it on expand.
@@ -505,12 +522,23 @@ class LLMProxy:
         digest = weights_digest(weights)
         async with self._control:
             active = [s for s in self._slots if s.state == ACTIVE]
-            await asyncio.gather(*(s.handle.load_weights(weights, version) for s in active))
-            for slot in active:
-                slot.version = version
+            incarnations = [s.incarnation for s in active]
+            results = await asyncio.gather(*(s.handle.load_weights(weights, version) for s in active),
+                                           return_exceptions=True)
+            failed = [(s, i, r) for s, i, r in zip(active, incarnations, results) if isinstance(r, WorkerFailedError)]
+            other = [r for r in results if isinstance(r, BaseException) and not isinstance(r, WorkerFailedError)]
+            if other:
+                raise other[0]
+            if failed and len(failed) == len(active):
+                raise failed[0][2]  # no worker holds the version: the update did not happen
+            for slot, result in zip(active, results):
+                if not isinstance(result, BaseException):
+                    slot.version = version
             self._version = version
             self._latest_weights = weights
             self._latest_digest = digest
+        for slot, incarnation, error in failed:  # restarted or replaced with these weights (D40)
+            self._fail_later(slot, incarnation, error)
         self._emit("weights_updated", version=version)
 
     async def shrink(self, ranks: Sequence[int] | None = None, count: int | None = None) -> list[int]:
@@ -574,15 +602,17 @@ class LLMProxy:
 
     async def _bring_up(self, slot: WorkerSlot) -> None:
         """After a restart or a replacement: latest weights, the proxy's suspension state, then route to it."""
-        if self._latest_weights is not None:
-            await slot.handle.load_weights(self._latest_weights, self._version)
-        if not self._resumed.is_set():
-            await slot.handle.suspend()
-        slot.state = ACTIVE
+        async with self._control:  # an update running now either saw this slot active or left its weights here
+            if self._latest_weights is not None:
+                await slot.handle.load_weights(self._latest_weights, self._version)
+                slot.version = self._version
+            if not self._resumed.is_set():
+                await slot.handle.suspend()
+            slot.state = ACTIVE
         if self._resumed.is_set():  # a resume() that ran during the restart skipped this slot
             await slot.handle.resume()
 
-    async def _handle_failure(self, slot: WorkerSlot, incarnation: int) -> None:
+    async def _handle_failure(self, slot: WorkerSlot, incarnation: int, cause: str = "") -> None:
         """Restart a failed worker on its device within the budget (with backoff); beyond it, remove it
         and, with a ``worker_factory``, replace it in the background."""
         async with slot.lock:
@@ -593,6 +623,8 @@ class LLMProxy:
             loop = asyncio.get_running_loop()
             delay = self._budget_delay(slot.restart_times, loop.time())
             worker_id = slot.handle.worker_id
+            self._emit("worker_failed", rank=slot.rank, worker=worker_id, hardware=slot.handle.hardware,
+                       cause=cause or "its engine or process failed")
             if delay is None:
                 logger.warning("worker %s (rank %d) failed again: its restart budget (%d per %g s) is spent; "
                                "removing it", worker_id, slot.rank, self._max_restarts, self._restart_window)
@@ -606,7 +638,8 @@ class LLMProxy:
                 try:
                     await slot.handle.restart()
                     await self._bring_up(slot)
-                    self._emit("worker_restarted", rank=slot.rank)
+                    self._emit("worker_restarted", rank=slot.rank, worker=slot.handle.worker_id,
+                               hardware=slot.handle.hardware)
                     logger.info("worker %d restarted on devices %s", slot.rank, list(slot.devices))
                     self._notify()
                     return
@@ -615,7 +648,7 @@ class LLMProxy:
                                    exc_info=True)
             slot.state = REMOVED
             self.counters["removed"] += 1
-            self._emit("worker_removed", rank=slot.rank)
+            self._emit("worker_removed", rank=slot.rank, worker=worker_id, hardware=slot.handle.hardware)
             logger.warning("worker %d removed; %d active workers left", slot.rank, len(self.active_ranks()))
             self._notify()
             try:
@@ -656,10 +689,12 @@ class LLMProxy:
                     slot.incarnation += 1
                     slot.restart_times.clear()  # a new worker, a new restart budget
                     await self._bring_up(slot)
-            except Exception:
+            except Exception as exc:
                 logger.warning("replacing worker of rank %d failed (attempt %d in the window); retrying with "
                                "backoff", slot.rank, len(slot.replacement_times), exc_info=True)
                 slot.state = REMOVED
+                self._emit("replacement_failed", rank=slot.rank, hardware=slot.handle.hardware,
+                           error=f"{type(exc).__name__}: {exc}".splitlines()[0])
                 if handle is not None:
                     try:
                         await handle.stop()
@@ -670,7 +705,7 @@ class LLMProxy:
                 slot.replacing = False
                 self._notify()
             self.counters["replaced"] += 1
-            self._emit("worker_replaced", rank=slot.rank, worker=slot.handle.worker_id)
+            self._emit("worker_replaced", rank=slot.rank, worker=slot.handle.worker_id, hardware=slot.handle.hardware)
             logger.info("rank %d replaced by worker %s", slot.rank, slot.handle.worker_id)
             return
 
@@ -714,7 +749,7 @@ class LLMProxy:
             logger.warning("health check: worker %s (rank %d) failed its probe: %s", slot.handle.worker_id,
                            slot.rank, what)
             self._emit("health_check_failed", rank=slot.rank, error=what)
-            await self._handle_failure(slot, incarnation)
+            await self._handle_failure(slot, incarnation, cause=f"health check: {what}")
             return "failed"
 
     async def close(self) -> None:
@@ -724,7 +759,7 @@ class LLMProxy:
         its deadline, and a caller cancelling it at shutdown would wait on a restart that never helps.
         """
         self._closed = True
-        background = [t for t in (self._monitor, *self._replacements.values()) if t is not None]
+        background = [t for t in (self._monitor, *self._replacements.values(), *self._background) if t is not None]
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)

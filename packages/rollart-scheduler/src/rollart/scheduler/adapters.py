@@ -24,11 +24,14 @@ class ProxyLLMClient:
     """env's `LLMClient` over `LLMProxy.generate` (token ids in, token ids + versions out)."""
 
     def __init__(self, proxy: LLMProxy, timeout_s: float = 600.0,
-                 on_response: Callable[[str, tuple[str, ...]], None] | None = None) -> None:
-        """`timeout_s` bounds each generate call; `on_response(tag, worker_ids)` sees where each was served."""
+                 on_response: Callable[[str, tuple[str, ...]], None] | None = None,
+                 on_served: Callable[[str, str, tuple[str, ...], int, int | None], None] | None = None) -> None:
+        """`timeout_s` bounds each generate call; `on_response(tag, worker_ids)` sees where each was served;
+        `on_served(trajectory_id, tag, worker_ids, tokens, first_version)` feeds the run's records (D50)."""
         self.proxy = proxy
         self.timeout_s = timeout_s
         self.on_response = on_response
+        self.on_served = on_served
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Translate the request, call the proxy, translate the answer."""
@@ -41,6 +44,10 @@ class ProxyLLMClient:
         )
         if self.on_response is not None:
             self.on_response(request.tag, tuple(resp.worker_ids))
+        if self.on_served is not None:
+            versions = resp.token_versions
+            self.on_served(request.trajectory_id, request.tag, tuple(resp.worker_ids), len(resp.token_ids),
+                           versions[0] if versions else None)
         reason = resp.finish_reason if resp.finish_reason in ("stop", "length", "abort") else "abort"
         return GenerationResult(list(resp.token_ids), list(resp.logprobs), list(resp.token_versions), reason)
 
@@ -84,7 +91,11 @@ class ProxyElasticPool:
         self.proxy = proxy
         self.ledger = ledger
         self.timeout_s = timeout_s
-        self._device_rank = {d: slot.rank for slot in proxy.slots for d in slot.devices}
+
+    def _ranks(self, devices: list[int]) -> list[int]:
+        """The ranks now on `devices` (read at each move: a replaced worker may sit on another device)."""
+        wanted = set(devices)
+        return sorted({s.rank for s in self.proxy.slots if wanted & set(s.devices)})
 
     def rollout_devices(self) -> list[int]:
         """Devices of the workers that take new requests."""
@@ -100,7 +111,7 @@ class ProxyElasticPool:
         """Hand the requests of these devices' workers back (migration) and offload their weights."""
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        await self.proxy.shrink(sorted({self._device_rank[d] for d in devices}))
+        await self.proxy.shrink(self._ranks(devices))
         t1 = loop.time()
         if self.ledger is not None:
             await self.ledger.shrink("rollout", "train", devices, timeout=self.timeout_s)
@@ -112,7 +123,7 @@ class ProxyElasticPool:
         t0 = loop.time()
         if self.ledger is not None:
             await self.ledger.expand("train", "rollout", devices, timeout=self.timeout_s)
-        await self.proxy.expand(sorted({self._device_rank[d] for d in devices}))
+        await self.proxy.expand(self._ranks(devices))
         return SwitchCost(reload_s=loop.time() - t0)
 
 

@@ -135,6 +135,7 @@ class SampleBuffer:
         self._ready: dict[str | None, list[_Entry]] = {}  # complete groups per task (None: unbalanced)
         self._buffered = 0
         self._observers: list[Callable[[BufferedTrajectory], None]] = []
+        self._settled: list[Callable[[BufferedTrajectory, str, str], None]] = []  # (trajectory, state, reason): D50
         self._admitted: dict[str, str | None] = {}  # group id -> task key, from admit() until the group closes (D44)
         self._outstanding: dict[str | None, int] = {}  # admitted, still open groups per task key
         self._room: dict[str | None, collections.deque[tuple[int, asyncio.Future[None]]]] = {}  # wait_for_room, FIFO
@@ -147,6 +148,14 @@ class SampleBuffer:
     def observe(self, callback: Callable[[BufferedTrajectory], None]) -> None:
         """Call `callback(trajectory)` for every trajectory put, before it is accounted (kept or not)."""
         self._observers.append(callback)
+
+    def observe_settled(self, callback: Callable[[BufferedTrajectory, str, str], None]) -> None:
+        """Call `callback(trajectory, state, reason)` once per trajectory when it is consumed or aborted (D50)."""
+        self._settled.append(callback)
+
+    def _settle(self, trajectory: BufferedTrajectory, state: str, reason: str) -> None:
+        for callback in self._settled:
+            callback(trajectory, state, reason)
 
     @property
     def version(self) -> int:
@@ -169,6 +178,7 @@ class SampleBuffer:
                 rec.state = ABORTED
                 rec.reason = reason
                 ids.append(t.id)
+                self._settle(t, ABORTED, reason)
         return ids
 
     def _live(self, entry: _Entry) -> bool:
@@ -214,10 +224,12 @@ class SampleBuffer:
         status = getattr(trajectory.status, "value", trajectory.status)
         if gid in self._closed_groups:
             record.state, record.reason = ABORTED, f"group {gid} already closed ({self._closed_groups[gid]})"
+            self._settle(trajectory, ABORTED, record.reason)
             return
         if status != FINISHED_STATUS:
             record.state = ABORTED
             record.reason = f"trajectory {status}: {getattr(trajectory, 'reason', '') or 'no reason given'}"
+            self._settle(trajectory, ABORTED, record.reason)
             self._abort_group(gid, f"member {trajectory.id} {status}")
             self._notify()
             return
@@ -227,6 +239,7 @@ class SampleBuffer:
             group = self._groups[gid] = _Group(seq=self._seq)
         if len(group.members) >= self.group_size:
             record.state, record.reason = ABORTED, f"group {gid} already has {self.group_size} members"
+            self._settle(trajectory, ABORTED, record.reason)
             return
         group.members.append(trajectory)
         self._buffered += 1
@@ -317,6 +330,7 @@ class SampleBuffer:
             self._release(gid)
             for t in group.members:
                 self._records[t.id].state = CONSUMED
+                self._settle(t, CONSUMED, "")
             batch.extend(group.members)
         return batch
 

@@ -13,3 +13,8 @@ class ConfigError(SchedulerError):
 
 class SchedulerTimeout(SchedulerError):
     """A wait ran past its deadline; the message says what was waited for and for how long."""
+
+
+class RunFailed(SchedulerError):
+    """A part the run cannot go on without is gone (a rollout pool lost every worker, a trainer actor died
+    past its budget); the message is the one line the user sees: what, why, and how to resume."""

@@ -28,6 +28,7 @@ from rollart.scheduler.errors import ConfigError, SchedulerError
 from rollart.scheduler.failures import FailureWatch, reward_metrics
 from rollart.scheduler.metrics import MetricsWriter, RoleTimeline, engine_metrics
 from rollart.scheduler.progress import progress_line, status_text
+from rollart.scheduler.records import RunRecorder, truncate_after
 from rollart.scheduler.rollout import RolloutScheduler
 from rollart.scheduler.settings import PipelineConfig
 from rollart.scheduler.timesharing import SwitchRecord, TimeSharingController
@@ -37,6 +38,10 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 _log = logging.getLogger(__name__)
+
+
+class _Stopped(Exception):
+    """A stop request ended the wait for a batch (internal: `run` returns)."""
 
 
 class ModelUpdater(Protocol):
@@ -127,6 +132,7 @@ class PipelineParts:
     placement: Any = None  # builder.Placement: ledger devices of each pool and the trainer
     routing_log: Any = None  # adapters.RoutingLog: requests per tag and hardware
     engine_stats: Callable[[], Awaitable[dict[str, float]]] | None = None  # summed engine counters
+    recorder: RunRecorder | None = None  # events, trajectory ledger, routing and outcomes (D50); made when metrics exist
     reward_stats: Callable[[], dict[str, Any]] | None = None  # reward clients' cumulative stats, summed (D53)
 
 
@@ -160,7 +166,17 @@ class Pipeline:
         self.seen_trajectories = 0  # every trajectory the sink handed to the buffer
         self._engine_stats: dict[str, float] = {}
         self.history: list[dict[str, Any]] = []
+        self.stop_reason: str | None = None  # set by request_stop (SIGTERM, SIGINT): run() ends after the step
+        self._failure: BaseException | None = None  # set by fail(): the run ends with it at the next wait
+        self._interrupt: asyncio.Event | None = None
+        self._saved_iteration = -1
         parts.buffer.observe(self.on_trajectory)
+        if parts.recorder is None and parts.metrics is not None:
+            parts.recorder = RunRecorder(parts.metrics.run_dir)
+        self.recorder = parts.recorder
+        if self.recorder is not None:
+            parts.buffer.observe(self.recorder.put)
+            parts.buffer.observe_settled(self.recorder.settled)
         self.failures = FailureWatch(limit=max(16, 2 * config.pipeline.group_size))  # D52
         parts.buffer.observe(self.failures.observe)
         self._reward_stats: dict[str, Any] = {}
@@ -194,6 +210,54 @@ class Pipeline:
     def _aborted_total(self) -> int:
         return sum(1 for r in self.parts.buffer.records().values() if r.state == ABORTED)
 
+    # ---------------------------------------------------------------- stop and failure (D51)
+    def _wake(self) -> None:
+        if self._interrupt is None:
+            self._interrupt = asyncio.Event()
+        self._interrupt.set()
+
+    def request_stop(self, reason: str) -> None:
+        """Stop cleanly (a signal): a step waiting for its batch is abandoned, a step training finishes;
+        `run` then checkpoints the last completed iteration and returns."""
+        # VAL: VAL_NON_EMPTY(reason, exc=SchedulerError)
+        check.non_empty("reason", reason, exc=SchedulerError)  # generated #063038851c
+        if self.stop_reason is None:
+            _log.warning("stop requested (%s): finishing or abandoning the current step, then checkpointing", reason)
+            self.stop_reason = reason
+        self._wake()
+
+    def fail(self, error: BaseException) -> None:
+        """End the run with `error` (a part it cannot go on without is gone): raised out of `run` at the
+        next wait for a batch, at once if the loop is waiting now."""
+        if self._failure is None:
+            self._failure = error
+        self._wake()
+
+    async def _batch(self, n: int, timeout_s: float) -> list[Any] | None:
+        """`get_batch`, given up for a stop request (None) or a failure (raised)."""
+        if self._failure is not None:
+            raise self._failure
+        if self.stop_reason is not None:
+            return None
+        if self._interrupt is None or self._interrupt.is_set():
+            self._interrupt = asyncio.Event()
+        interrupt = asyncio.ensure_future(self._interrupt.wait())
+        batch = asyncio.ensure_future(self.parts.buffer.get_batch(n, timeout_s=timeout_s))
+        try:
+            await asyncio.wait({batch, interrupt}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            interrupt.cancel()
+            if not batch.done():
+                batch.cancel()
+                await asyncio.gather(batch, return_exceptions=True)
+        if self._failure is not None:
+            if batch.done() and not batch.cancelled() and batch.exception() is None:
+                _log.warning("a batch of %d was ready when the run failed; it is not trained", n)
+            raise self._failure
+        if not batch.cancelled() and batch.done():
+            return batch.result()
+        return None
+
     # ---------------------------------------------------------------- the loop
     async def step(self) -> dict[str, Any]:
         """One iteration: get_batch -> train_step (+ shrink/expand) -> suspend -> model_update -> resume."""
@@ -202,8 +266,12 @@ class Pipeline:
         t0 = loop.time()
         tokens0 = self._tokens
         version0 = p.trainer.version
+        if self.recorder is not None:
+            self.recorder.iteration = self.iteration + 1
         self._roles(p.rollout_devices, "rollout")
-        batch = await self.failures.guard(p.buffer.get_batch(cfg.batch_size, timeout_s=cfg.get_batch_timeout_s))
+        batch = await self.failures.guard(self._batch(cfg.batch_size, cfg.get_batch_timeout_s))  # D52
+        if batch is None:  # stop requested while waiting: nothing trained, the iteration did not happen
+            raise _Stopped()
         t_batch = loop.time()
         record = SwitchRecord((), "not time_sharing")
         if mode == "sync":
@@ -270,10 +338,13 @@ class Pipeline:
             rec.update(reward_metrics(self._reward_stats, now_stats))
             self._reward_stats = now_stats
         self._seen_aborted = aborted_total
+        if self.recorder is not None:  # routing per tag and hardware, outcomes that add up (D49)
+            rec.update(self.recorder.take_iteration())
         if p.metrics is not None:
             p.metrics.write(rec)
         if p.checkpointer is not None and self.iteration % self.config.run.checkpoint_every == 0:
             await self.save()
+            self._saved_iteration = self.iteration
         self.history.append(rec)
         _log.info("iteration %d: version %d, reward %.3f, %d trajectories, %.0f tok/s, step %.2f s", self.iteration,
                  rec["version"], rec["reward_mean"], rec["trajectories"], rec["tokens_per_s"], step_s)
@@ -302,20 +373,29 @@ class Pipeline:
         await p.rollout.start()
         out: list[dict[str, Any]] = []
         if progress is False:
-            while self.iteration < iterations:
-                out.append(rec := await self.step())
-                if on_iteration is not None:
-                    on_iteration(rec)
-            return out
-        console = None if progress is True else progress
-        async with progress_line(f"{self.config.run.name} [{self.cfg.mode}]", iterations, self.iteration, self.status,
-                                 console) as advance:
-            while self.iteration < iterations:
-                out.append(rec := await self.step())
-                advance(rec)
-                if on_iteration is not None:
-                    on_iteration(rec)
+            await self._loop(iterations, out, on_iteration)
+        else:
+            console = None if progress is True else progress
+            async with progress_line(f"{self.config.run.name} [{self.cfg.mode}]", iterations, self.iteration,
+                                     self.status, console) as advance:
+                await self._loop(iterations, out, on_iteration, advance)
+        if self.stop_reason is not None and p.checkpointer is not None and self._saved_iteration != self.iteration \
+                and self.iteration > 0:
+            await self.save()  # a stop keeps every completed iteration (D51)
+            self._saved_iteration = self.iteration
         return out
+
+    async def _loop(self, iterations: int, out: list[dict[str, Any]],
+                    *observers: Callable[[dict[str, Any]], None] | None) -> None:
+        while self.iteration < iterations and self.stop_reason is None:
+            try:
+                rec = await self.step()
+            except _Stopped:
+                return
+            out.append(rec)
+            for observe in observers:
+                if observe is not None:
+                    observe(rec)
 
     # ---------------------------------------------------------------- checkpoints
     async def save(self) -> Path:
@@ -335,18 +415,32 @@ class Pipeline:
         ck = self.parts.checkpointer
         info = ck.latest() if ck is not None else None
         if info is None:
+            self._truncate_records(0)  # a run killed before its first checkpoint starts over
             return False
         changes = Checkpointer.check_config(info, config_identity(self.config), allow_change=allow_config_change)
         if changes:
             _log.warning("resuming %s under a changed config: %s", info.path, "; ".join(changes))
         await self.parts.trainer.load_checkpoint(str(info.path / "trainer"))
         self.iteration = info.iteration
+        self._truncate_records(info.iteration)
         self.parts.buffer.set_version(info.version)
         await self._update(info.version)
         return True
 
+    def _truncate_records(self, iteration: int) -> None:
+        """Drop what the iterations after `iteration` wrote: they run again (D48)."""
+        if self.parts.metrics is not None:
+            dropped = truncate_after(self.parts.metrics.run_dir, iteration)
+            if any(dropped.values()):
+                _log.info("resume at iteration %d: dropped the later records %s", iteration, dropped)
+
     async def close(self) -> None:
-        """Stop the rollout, close the writers and whatever the builder registered."""
+        """Stop the rollout, close the writers and whatever the builder registered.
+
+        Every trajectory still open after the closers ran gets its ledger line (`buffered`, D48).
+        """
+        if self.recorder is not None:
+            self.recorder.iteration = self.iteration
         await self.parts.rollout.stop(timeout_s=30.0)
         try:  # no engine step may be running in a thread while the workers stop
             await self.parts.rollout.suspend(10.0)
@@ -356,7 +450,11 @@ class Pipeline:
             self.parts.timeline.close()
         if self.parts.metrics is not None:
             self.parts.metrics.close()
-        for close in self.parts.closers:
-            result = close()
-            if asyncio.iscoroutine(result):
-                await result
+        try:
+            for close in self.parts.closers:
+                result = close()
+                if asyncio.iscoroutine(result):
+                    await result
+        finally:
+            if self.recorder is not None:
+                self.recorder.close()

@@ -242,3 +242,161 @@ def add_routing(routing: dict[str, dict[str, int]], tag: str, hardware: str, n: 
     """Count `n` (requests or tokens) for `tag` on `hardware` in a `routing` / `routing_tokens` table."""
     per_tag = routing.setdefault(tag, {})
     per_tag[hardware] = per_tag.get(hardware, 0) + n
+
+
+def reason_key(reason: str) -> str:
+    """A short, low-cardinality key for an abort reason or a failure kind (the metrics' dict keys).
+
+    The ledger keeps the full reason; the per-iteration counts group by what happened: `stale`,
+    `shutdown`, `one_off`, `sync`, `llm_abort`, `group_member_lost`, `group_closed`, `env_crash`, ...
+    """
+    text = reason.strip()
+    for prefix in ("trajectory aborted: ", "trajectory failed: "):
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+    if text.startswith("cancelled:"):
+        text = text[len("cancelled:"):]
+    if text.startswith("member "):
+        return "group_member_lost"
+    if text.startswith("group ") and "already closed" in text:
+        return "group_closed"
+    if text.startswith("group ") and "already has" in text:
+        return "group_full"
+    head = text.split(":", 1)[0].strip()
+    return "_".join(head.split()[:3]) or "unknown"
+
+
+class RunRecorder:
+    """Feeds the records from a running pipeline: served requests, puts, settlements, the iteration cut.
+
+    Why one object: the ledger line of a trajectory needs what the proxy client saw (who served
+    each turn), what the env produced (reward, tokens) and how the buffer settled it; the metrics
+    need the same events counted per iteration. The pipeline owns it (D50).
+    """
+
+    def __init__(self, run_dir: Path, hardware_of: Callable[[str], str] | None = None) -> None:
+        """`hardware_of(worker_id)` names the hardware of a worker (replacements included)."""
+        self.events = EventLog(run_dir)
+        self.ledger = TrajectoryLedger(run_dir)
+        self.tally = OutcomeTally()
+        self.hardware_of = hardware_of or (lambda worker_id: "?")
+        self.iteration = 0  # the iteration the lines written now belong to (set by the pipeline)
+        self._turns: dict[str, list[TurnServed]] = {}
+        self._put: dict[str, Any] = {}  # handed to the buffer, not settled yet
+        self.routing: dict[str, dict[str, int]] = {}
+        self.routing_tokens: dict[str, dict[str, int]] = {}
+
+    def _launch(self, trajectory_id: str) -> None:
+        if trajectory_id not in self._turns and trajectory_id not in self.ledger:
+            self._turns[trajectory_id] = []
+            self.tally.launched(trajectory_id)
+
+    def served(self, trajectory_id: str, tag: str, worker_ids: tuple[str, ...], tokens: int,
+               version: int | None) -> None:
+        """One generate response: counts routing, remembers the turn's worker (the launch, on the first)."""
+        if not worker_ids:
+            return
+        worker = worker_ids[-1]
+        hardware = self.hardware_of(worker)
+        add_routing(self.routing, tag, hardware)
+        add_routing(self.routing_tokens, tag, hardware, tokens)
+        if trajectory_id:
+            self._launch(trajectory_id)
+            if trajectory_id in self._turns:
+                self._turns[trajectory_id].append(TurnServed(worker, hardware, version))
+
+    def put(self, trajectory: Any) -> None:
+        """Buffer observer: a trajectory ended (a launch too if it never reached the LLM)."""
+        self._launch(trajectory.id)
+        self._put[trajectory.id] = trajectory
+
+    def settled(self, trajectory: Any, state: str, reason: str) -> None:
+        """Buffer settlement observer: consumed, or aborted (failed when the trajectory itself failed)."""
+        status = str(getattr(trajectory.status, "value", trajectory.status))
+        outcome = "consumed" if state == "consumed" else "failed" if status == "failed" else "aborted"
+        full = (getattr(trajectory, "reason", "") or reason) if outcome == "failed" else reason
+        if not self.tally.ended(trajectory.id, outcome, reason_key(full) if outcome != "consumed" else None):
+            return
+        self._put.pop(trajectory.id, None)
+        self._write(trajectory.id, trajectory, outcome, full or None)
+
+    def _write(self, trajectory_id: str, trajectory: Any | None, outcome: str, reason: str | None) -> None:
+        turns = self._turns.pop(trajectory_id, [])
+        group = getattr(trajectory, "group_id", "") or trajectory_id
+        versions = list(trajectory.weight_versions()) if trajectory is not None else []
+        count = getattr(trajectory, "num_response_tokens", None)
+        self.ledger.record(LedgerEntry(
+            id=trajectory_id, iteration=self.iteration, task=group.rsplit("-g", 1)[0],
+            tag=getattr(trajectory, "tag", "") or "", outcome=outcome, turns=turns, versions=versions, reason=reason,
+            reward=None if getattr(trajectory, "reward", None) is None else float(trajectory.reward),
+            n_turns=len(getattr(trajectory, "turns", []) or []), tokens=int(count()) if callable(count) else 0))
+
+    def take_iteration(self) -> dict[str, Any]:
+        """The iteration's `routing`, `routing_tokens` and `outcomes` fields; the next iteration counts anew."""
+        out = {"routing": self.routing, "routing_tokens": self.routing_tokens, "outcomes": self.tally.take()}
+        self.routing, self.routing_tokens = {}, {}
+        return out
+
+    def close(self) -> int:
+        """Write a line for every trajectory still open: `buffered` if the buffer holds it, else `aborted`.
+
+        First a `run_closed` event carries the `outcomes` counted since the last iteration's record
+        (launches and settlements after it, `buffered` = the lines written now), so the metrics plus
+        this event account for every ledger line (D49).
+        """
+        self.events.record("run_closed", iteration=self.iteration, outcomes=self.tally.take())
+        n = 0
+        for trajectory_id in sorted(self.tally.open_ids):
+            trajectory = self._put.pop(trajectory_id, None)
+            if trajectory is not None:
+                self._write(trajectory_id, trajectory, "buffered", None)
+            else:
+                self._write(trajectory_id, None, "aborted", "unfinished when the run closed")
+            n += 1
+        return n
+
+
+def accounting_problems(run_dir: Path) -> list[str]:
+    """What breaks "every launched trajectory has exactly one ledger line" in a run directory (empty: none).
+
+    Checks the identity of D49 on every metrics record and on each `run_closed` event (a process's
+    tail; `buffered` restarts at 0 after it), that no id has two lines, and that the launches
+    counted by the records and the closings equal the ledger's lines. Meant for one process's run,
+    or a resumed run whose earlier process closed cleanly: a process killed mid-run leaves its
+    open trajectories without lines (what it ran after the checkpoint is cut on resume).
+    """
+    records = _read(Path(run_dir) / METRICS_FILE)
+    closes = [e for e in read_events(run_dir) if e.get("kind") == "run_closed"]
+    ledger = read_ledger(run_dir)
+    problems: list[str] = []
+    seen: set[str] = set()
+    for line in ledger:
+        if line["id"] in seen:
+            problems.append(f"trajectory {line['id']} has more than one ledger line")
+        seen.add(line["id"])
+        if line.get("outcome") not in OUTCOMES:
+            problems.append(f"trajectory {line['id']} has outcome {line.get('outcome')!r}, not one of {OUTCOMES}")
+    before, ci, launched = 0, 0, 0
+
+    def check_one(outcomes: dict[str, Any], what: str) -> None:
+        if not outcomes_add_up(outcomes, before):
+            problems.append(f"{what}: outcomes do not add up: {before} buffered before + {outcomes['launched']} "
+                            f"launched != {settled(outcomes)} settled + {outcomes['buffered']} buffered")
+
+    for rec in records:
+        while ci < len(closes) and (closes[ci].get("iteration") or 0) < rec["iteration"]:
+            check_one(closes[ci]["outcomes"], f"run_closed at iteration {closes[ci].get('iteration')}")
+            launched += closes[ci]["outcomes"]["launched"]
+            before, ci = 0, ci + 1
+        if "outcomes" not in rec:
+            continue
+        check_one(rec["outcomes"], f"iteration {rec['iteration']}")
+        launched += rec["outcomes"]["launched"]
+        before = rec["outcomes"]["buffered"]
+    for close in closes[ci:]:
+        check_one(close["outcomes"], f"run_closed at iteration {close.get('iteration')}")
+        launched += close["outcomes"]["launched"]
+        before = 0
+    if launched != len(ledger):
+        problems.append(f"{launched} trajectories launched, {len(ledger)} ledger lines")
+    return problems

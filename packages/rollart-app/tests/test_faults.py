@@ -1,0 +1,160 @@
+"""Issue 21 items 1 and 3: a SIGKILLed rollout actor is replaced and the run finishes; SIGTERM stops cleanly.
+
+Real parts: Ray on 127.0.0.1 with logical GPUs (H800, H20), torch engines on the tiny model, the
+example two-pool affinity config; the kill is a real SIGKILL of the actor's process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rollart.app.builder import build_pipeline
+from rollart.app.config import parse_config
+from rollart.scheduler.errors import RunFailed
+from rollart.scheduler.metrics import read_metrics
+from rollart.scheduler.records import accounting_problems, read_events
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "configs" / "two_pools_affinity.yaml"
+
+
+def example_config(**pipeline) -> dict:
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    raw["run"].update({"tensorboard": False, "seed": 0})
+    raw["pipeline"].update({"batch_size": 16, "get_batch_timeout_s": 180, **pipeline})
+    return raw
+
+
+async def actor_pid(worker) -> int:
+    """The OS process of a rollout actor (what `kill -9` would target)."""
+    ref = worker.handle.actor.__ray_call__.remote(lambda self: os.getpid())
+    return await ref
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+async def test_a_sigkilled_rollout_actor_is_replaced_and_the_run_finishes(ray_cluster, tmp_path):
+    cfg = parse_config(example_config())
+    pipe = await build_pipeline(cfg, tmp_path)
+    killed: list[int] = []
+
+    def kill_after_first(rec):
+        if rec["iteration"] == 1:
+            h20 = next(s.handle for s in pipe.parts.proxy.slots if s.handle.hardware == "H20")
+            killed.append(asyncio.ensure_future(actor_pid(h20)))
+
+    try:
+        await pipe.run(1, progress=False, on_iteration=kill_after_first)
+        pid = await killed[0]
+        os.kill(pid, signal.SIGKILL)  # mid-run: the rollout keeps generating in async mode
+        recs = await pipe.run(4, progress=False)
+        slots = [(s.handle.hardware, s.state, s.version) for s in pipe.parts.proxy.slots]
+    finally:
+        await pipe.close()
+    assert [r["iteration"] for r in recs] == [2, 3, 4]
+    assert all(state == "active" for _, state, _ in slots), slots
+    assert sorted(hw for hw, _, _ in slots) == ["H20", "H800"]
+    events = read_events(tmp_path)
+    kinds = [e["kind"] for e in events]
+    assert "actor_died" in kinds and "actor_replaced" in kinds, kinds
+    died = next(e for e in events if e["kind"] == "actor_died")
+    assert died["pool"] == "h20" and died["hardware"] == "H20"
+    # math (affinity H20) is served on H20 again after the replacement (on H800 only while H20 had no worker)
+    math = [r["routing"].get("math", {}) for r in read_metrics(tmp_path)]
+    assert sum(m.get("H20", 0) for m in math) > sum(m.get("H800", 0) for m in math), math
+    assert read_metrics(tmp_path)[-1]["routing"]["math"]["H20"] > 0
+    assert accounting_problems(tmp_path) == []
+
+
+async def test_a_stop_request_checkpoints_the_last_iteration_and_returns(tmp_path):
+    raw = example_config()
+    raw["cluster"] = {"ray": "none"}
+    raw["run"]["checkpoint_every"] = 100
+    pipe = await build_pipeline(parse_config(raw), tmp_path)
+    try:
+        recs = await pipe.run(50, progress=False, on_iteration=lambda rec: pipe.request_stop("SIGTERM"))
+    finally:
+        await pipe.close()
+    assert [r["iteration"] for r in recs] == [1] and pipe.stop_reason == "SIGTERM"
+    assert pipe.parts.checkpointer.latest().iteration == 1  # saved at the stop, not at checkpoint_every
+
+
+async def test_a_failure_ends_the_run_at_once_even_while_waiting_for_a_batch(tmp_path):
+    raw = example_config()
+    raw["cluster"] = {"ray": "none"}
+    pipe = await build_pipeline(parse_config(raw), tmp_path)
+    try:
+        async def never(n, timeout_s):  # no batch ever fills: only the failure can end the wait
+            await asyncio.Event().wait()
+
+        pipe.parts.buffer.get_batch = never
+        asyncio.get_running_loop().call_later(0.2, pipe.fail, RunFailed("rollout pool 'h20' (H20) lost every worker"))
+        with pytest.raises(RunFailed, match="lost every worker"):
+            await pipe.run(2, progress=False)
+    finally:
+        await pipe.close()
+    assert pipe.iteration == 0
+
+
+def test_sigterm_stops_like_sigint_checkpoints_and_a_resume_runs_every_iteration_once(tmp_path):
+    """Item 3: before, SIGTERM ended `rollart run` with a stack dump (exit 134) and no checkpoint."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    raw = example_config()
+    raw["cluster"] = {"ray": "none"}
+    raw["run"].update({"checkpoint_every": 100, "iterations": 200})
+    config = tmp_path / "run.yaml"
+    config.write_text(json.dumps(raw))
+    run_dir = tmp_path / "out"
+    cmd = [sys.executable, "-m", "rollart.app.cli", "run", str(config), "--run-dir", str(run_dir)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1200):  # bounded: until two iterations are in the metrics (or the run ended)
+            if proc.poll() is not None or (
+                    (run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").read_text().count("\n") >= 2):
+                break
+            time.sleep(0.25)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    done = [r["iteration"] for r in read_metrics(run_dir)]
+    assert len(done) >= 2 and f"stopped by SIGTERM after iteration {done[-1]}; resume with: rollart run" in out
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir())[-1].endswith(str(done[-1]))
+    again = subprocess.run([*cmd, "-n", str(done[-1] + 1)], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [r["iteration"] for r in read_metrics(run_dir)] == list(range(1, done[-1] + 2))
+    assert accounting_problems(run_dir) == []
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+async def test_a_dead_trainer_actor_stops_the_run_in_one_line_naming_it_and_the_resume_command(ray_cluster, tmp_path):
+    """Item 2 (the part past the budget): before, the run ended with a bare WorkerDiedError from the step."""
+    raw = example_config()
+    raw["trainer"].update({"placement": "actors", "devices": 1})
+    raw["sync"] = {"channel": "torch_dist"}  # trainer actors publish through a channel
+    pipe = await build_pipeline(parse_config(raw), tmp_path)
+    try:
+        await pipe.run(1, progress=False)
+        actor = pipe.parts.trainer.handles[0].actor
+        os.kill(await actor.__ray_call__.remote(lambda self: os.getpid()), signal.SIGKILL)
+        with pytest.raises(RunFailed) as failed:
+            await pipe.run(3, progress=False)
+    finally:
+        await pipe.close()
+    line = str(failed.value)
+    assert "\n" not in line and line.startswith("trainer actor trainer/0 died during ")
+    assert f"rollart run CONFIG --run-dir {tmp_path}" in line
+    assert pipe.iteration == 1 and [r["iteration"] for r in read_metrics(tmp_path)] == [1]
