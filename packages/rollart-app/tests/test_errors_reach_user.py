@@ -97,3 +97,28 @@ def test_a_dead_actor_is_explained_by_the_first_exception_of_its_own_log(ray_clu
     cause = root_cause(info.value, logs)
     assert cause.line == "ValueError: head size 72 is not supported (supported: [64, 128])", cause
     assert cause.log is not None and cause.log.parent == tmp_path / "logs"
+
+
+async def test_reward_client_retries_and_outages_reach_the_run_metrics_and_events(tmp_path):
+    """The builder wires each service reward's client: its stats summed for metrics.jsonl, its outages to events.jsonl."""
+    import socket
+    from types import SimpleNamespace
+
+    from rollart.app.builder import reward_stats
+    from rollart.env.trajectory import Trajectory
+    from rollart.reward.client import RewardClient
+    from rollart.reward.errors import RewardTimeoutError
+    from rollart.scheduler.records import read_events
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    client = RewardClient(dead, "token-123456789", backoff_max_s=0.05, seed=0)
+    total = reward_stats([SimpleNamespace(reward_client=None), SimpleNamespace(reward_client=client)], tmp_path)
+    assert total() == {"retries": 0, "outage_s": 0.0}
+    with pytest.raises(RewardTimeoutError):
+        await client.score("any", Trajectory(id="t0"), deadline_s=0.4)
+    await client.aclose()
+    assert total()["retries"] >= 1
+    assert [e["kind"] for e in read_events(tmp_path)] == ["reward_outage"]
+    assert reward_stats([SimpleNamespace(reward_client=None)], tmp_path) is None
