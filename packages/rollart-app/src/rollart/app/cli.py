@@ -167,6 +167,8 @@ def run(
             shutil.rmtree(out, ignore_errors=True)
         typer.echo(str(err), err=True)
         raise typer.Exit(code=2) from None
+    except typer.Exit:  # a stop by signal already chose its exit code (128 + the signal)
+        raise
     except RunFailed as err:  # a part the run cannot go on without is gone: one line, what and how to resume
         typer.echo(f"run failed: {err}; logs: {out / 'logs'}", err=True)
         raise typer.Exit(code=1) from None

@@ -46,6 +46,7 @@ def attach_driver_log(run_dir: Path, level: int = logging.INFO) -> logging.Handl
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logger = logging.getLogger("rollart")
     logger.addHandler(handler)
+    handler.rollart_level = logger.level  # type: ignore[attr-defined] - restored by detach_driver_log
     if logger.level == logging.NOTSET or logger.level > level:
         logger.setLevel(level)
     if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) for h in logger.handlers):
@@ -64,6 +65,7 @@ def detach_driver_log(handler: logging.Handler) -> None:
     stderr = getattr(handler, "rollart_stderr", None)
     if stderr is not None:
         logger.removeHandler(stderr)
+    logger.setLevel(getattr(handler, "rollart_level", logger.level))
     handler.close()
 
 
@@ -150,7 +152,9 @@ def run_logs(run_dir: Path) -> Iterator[RunLogs]:
     handler = attach_driver_log(run_dir)
     try:
         yield out
-    except Exception:  # the whole traceback goes to the file only; the CLI prints one line
+    except Exception as err:  # the whole traceback goes to the file only; the CLI prints one line
+        if type(err).__name__ == "Exit":  # a chosen exit code (click/typer), not a failure
+            raise
         handler.handle(logging.LogRecord("rollart.app", logging.ERROR, __file__, 0, "the run failed", None,
                                          sys.exc_info()))
         raise
