@@ -170,7 +170,9 @@ def run(
     except typer.Exit:  # a stop by signal already chose its exit code (128 + the signal)
         raise
     except RunFailed as err:  # a part the run cannot go on without is gone: one line, what and how to resume
-        typer.echo(f"run failed: {err}; logs: {out / 'logs'}", err=True)
+        cause = root_cause(err, logs.copied if logs is not None else [])
+        why = f" (root cause: {cause.line}, in {cause.log})" if cause.log is not None else ""
+        typer.echo(f"run failed: {err}{why}; logs: {out / 'logs'}", err=True)
         raise typer.Exit(code=1) from None
     except Exception as err:  # a part failed: its root cause in one line, and where the logs are (app D56)
         cause = root_cause(err, logs.copied if logs is not None else [])
