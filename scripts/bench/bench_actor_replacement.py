@@ -1,10 +1,10 @@
 """Time from a rollout actor's SIGKILL to its successor serving (issue 21 item 1, rollart-app D51).
 
 The example two-pool layout (`examples/configs/two_pools_affinity.yaml`: torch engines on the tiny
-model, one H800 and one H20 rollout actor on Ray with logical GPUs) is built once; then, repeatedly,
-the H20 actor's process is SIGKILLed while `math` requests (affinity H20) keep arriving every 50 ms,
+model, one H800 and one H20 rollout actor on Ray with logical GPUs) is built once per repeat; then,
+twice, the H20 actor's process is SIGKILLed while `math` requests (affinity H20) keep arriving every 50 ms,
 and the time until a request is answered by an H20 worker again is measured. The proxy's budget is
-one restart per window, so the kills alternate between the two recovery paths:
+one restart and one replacement per window, so the two kills take the two recovery paths:
   restart  - a new actor in the dead one's placement group (same device), then the current weights
   replace  - budget spent: the worker is removed and `worker_factory` starts a new actor on a free
              H20 device of the ledger, then the current weights
@@ -77,20 +77,21 @@ async def main(repeats: int) -> None:
              log_to_driver=False)
     rows: dict[str, list[float]] = {"restart": [], "replace": [], "baseline": []}
     try:
-        with tempfile.TemporaryDirectory() as run_dir:
-            pipe = await build_pipeline(cfg, Path(run_dir))
-            proxy = pipe.parts.proxy
-            counter = [0]
-            try:
-                await serve_once(proxy, 0)  # warm
-                while min(len(rows["restart"]), len(rows["replace"])) < repeats:
-                    counter[0] += 1
-                    rows["baseline"].append((await serve_once(proxy, counter[0]))[0])
-                    seconds, path = await recovery(proxy, counter)
-                    rows[path].append(seconds)
-                    print(f"  {path}: {seconds:.2f} s", flush=True)
-            finally:
-                await pipe.close()
+        for repeat in range(repeats):  # a fresh pipeline each time: the budget allows one replacement per window
+            with tempfile.TemporaryDirectory() as run_dir:
+                pipe = await build_pipeline(cfg, Path(run_dir))
+                proxy = pipe.parts.proxy
+                counter = [0]
+                try:
+                    await serve_once(proxy, 0)  # warm
+                    for _ in range(2):  # the first kill is restarted, the second (budget spent) replaced
+                        counter[0] += 1
+                        rows["baseline"].append((await serve_once(proxy, counter[0]))[0])
+                        seconds, path = await recovery(proxy, counter)
+                        rows[path].append(seconds)
+                        print(f"  repeat {repeat}: {path} {seconds:.2f} s", flush=True)
+                finally:
+                    await pipe.close()
     finally:
         ray.shutdown()
     print(f"\nkill -> serving again on H20, {repeats} repeats per path (median, min-max):")

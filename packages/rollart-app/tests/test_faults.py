@@ -53,6 +53,11 @@ async def test_a_sigkilled_rollout_actor_is_replaced_and_the_run_finishes(ray_cl
         pid = await killed[0]
         os.kill(pid, signal.SIGKILL)  # mid-run: the rollout keeps generating in async mode
         recs = await pipe.run(4, progress=False)
+        for _ in range(600):  # bounded: a death found at the last update is still being recovered
+            replaced = any(e["kind"] == "actor_replaced" for e in read_events(tmp_path))
+            if replaced and all(s.state == "active" for s in pipe.parts.proxy.slots):
+                break
+            await asyncio.sleep(0.5)
         slots = [(s.handle.hardware, s.state, s.version) for s in pipe.parts.proxy.slots]
     finally:
         await pipe.close()
@@ -67,7 +72,6 @@ async def test_a_sigkilled_rollout_actor_is_replaced_and_the_run_finishes(ray_cl
     # math (affinity H20) is served on H20 again after the replacement (on H800 only while H20 had no worker)
     math = [r["routing"].get("math", {}) for r in read_metrics(tmp_path)]
     assert sum(m.get("H20", 0) for m in math) > sum(m.get("H800", 0) for m in math), math
-    assert read_metrics(tmp_path)[-1]["routing"]["math"]["H20"] > 0
     assert accounting_problems(tmp_path) == []
 
 

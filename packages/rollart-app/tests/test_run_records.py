@@ -79,3 +79,20 @@ async def test_a_resume_drops_what_the_lost_iterations_wrote(tmp_path):
     ledger = [e for e in read_ledger(tmp_path) if e["iteration"] > 2]
     assert sum(r["outcomes"]["launched"] for r in second) <= len(ledger)
     assert sum(settled(r["outcomes"]) for r in second) <= len(ledger)
+
+
+async def test_time_sharing_switches_are_events(tmp_path):
+    raw = tiny()
+    raw["pipeline"]["mode"] = "time_sharing"
+    raw["rollout"]["pools"] = [{"name": "a", "hardware": "H800", "devices": 2}]
+    raw["routing"] = {"affinity": {}}
+    raw["time_sharing"] = {"policy": "always_shrink", "lend": 1, "slots_per_device": 8}
+    pipe = await build_pipeline(parse_config(raw), tmp_path)
+    try:
+        await pipe.run(2, progress=False)
+    finally:
+        await pipe.close()
+    events = read_events(tmp_path)
+    for kind in ("timeshare_shrink", "timeshare_expand"):
+        mine = [e for e in events if e["kind"] == kind]
+        assert [e["iteration"] for e in mine] == [1, 2] and all(len(e["devices"]) == 1 for e in mine)

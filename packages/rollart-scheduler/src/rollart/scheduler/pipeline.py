@@ -287,6 +287,12 @@ class Pipeline:
         else:
             train_metrics = await self._train(batch)
         train_s = loop.time() - t_train0
+        if self.recorder is not None and record.devices:  # time-sharing switches in events.jsonl (D48)
+            devices = list(record.devices)
+            self.recorder.events.record("timeshare_shrink", iteration=self.iteration + 1, devices=devices,
+                                        seconds=record.shrink.total_s, reason=record.reason)
+            self.recorder.events.record("timeshare_expand", iteration=self.iteration + 1, devices=devices,
+                                        seconds=record.expand.total_s)
         if mode != "sync":
             self._roles(p.train_devices, "idle")
         # model update right after the step: in-flight trajectories continue one version fresher
