@@ -44,6 +44,7 @@ def qwen_shaped(tmp_path_factory) -> str:
 
     path = tmp_path_factory.mktemp("qwen25-7b-shape")
     (path / "config.json").write_text(json.dumps(QWEN25_7B))
+    (path / "model.safetensors").write_bytes(b"")  # plan checks that weights are there (app D57), never reads them
     build_tiny_tokenizer().save_pretrained(path)
     return str(path)
 
@@ -203,15 +204,26 @@ def test_plan_accepts_a_simulated_run():
 
 
 def test_examples_that_load_a_checkpoint_plan_as_shipped_after_one_documented_command(tmp_path, monkeypatch):
-    """Issue 25: user_env.yaml and vllm_gloo.yaml name `checkpoints/tiny`; `rollart checkpoint init` makes it."""
-    monkeypatch.chdir(tmp_path)
+    """Issue 25: user_env.yaml and vllm_gloo.yaml name the repository's `checkpoints/tiny` (issue 21: from
+    the config's folder, `../../checkpoints/tiny`); `rollart checkpoint init checkpoints/tiny` at the root makes it.
+    The examples are copied to a scratch repository layout, so the real root is not written."""
+    (tmp_path / "examples" / "configs").mkdir(parents=True)
+    (tmp_path / "examples" / "user_env.py").write_text((ROOT / "examples" / "user_env.py").read_text())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
     for name in ("user_env.yaml", "vllm_gloo.yaml"):
-        code, out = _plan_cli(str(CONFIGS / name))
-        assert code == 2 and "rollart checkpoint init checkpoints/tiny" in " ".join(out.split()), out
+        (tmp_path / "examples" / "configs" / name).write_text((CONFIGS / name).read_text())
+    monkeypatch.chdir(elsewhere)  # the working directory no longer matters
+    for name in ("user_env.yaml", "vllm_gloo.yaml"):
+        code, out = _plan_cli(str(tmp_path / "examples" / "configs" / name))
+        flat = " ".join(out.split())
+        assert code == 2 and f"rollart checkpoint init {tmp_path / 'checkpoints' / 'tiny'}" in flat, out
+    monkeypatch.chdir(tmp_path)
     res = CliRunner().invoke(app, ["checkpoint", "init", "checkpoints/tiny"])
     assert res.exit_code == 0 and (tmp_path / "checkpoints" / "tiny" / "config.json").is_file(), res.output
+    monkeypatch.chdir(elsewhere)
     for name in ("user_env.yaml", "vllm_gloo.yaml"):
-        code, out = _plan_cli(str(CONFIGS / name))
+        code, out = _plan_cli(str(tmp_path / "examples" / "configs" / name))
         assert code == 0, out
 
 

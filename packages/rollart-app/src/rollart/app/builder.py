@@ -28,6 +28,7 @@ from rollart.app.engines import EngineSpec
 from rollart.app.model_source import ModelSpec
 from rollart.app.task_factory import TaskParts, build_task
 from rollart.app.trainers import ActorTrainerGroup, ChannelUpdater, LocalTrainer, LocalUpdater, TrainerRebuild
+from rollart.env.error_report import ErrorReport
 from rollart.env.manager import EnvManager, EnvManagerConfig
 from rollart.env.protocols import SamplingParams
 from rollart.env.retry import RetryPolicy
@@ -272,6 +273,7 @@ def build_envs(config: RunConfig, parts: list[TaskParts], proxy: LLMProxy, sinks
     pcfg = config.pipeline
     keys = task_keys(config)
     slots, names = [], []
+    reports: dict[int, ErrorReport] = {}
     for i, index in enumerate(slot_tasks(config)):
         task: TaskSection = config.tasks[index]
         tp = parts[index]
@@ -283,11 +285,12 @@ def build_envs(config: RunConfig, parts: list[TaskParts], proxy: LLMProxy, sinks
                                 step_policy=RetryPolicy(timeout_s=task.env_timeout_s),
                                 llm_policy=RetryPolicy(timeout_s=llm_timeout), seed=config.run.seed + i)
         wrap = tp.llm_wrapper or (lambda client: client)
+        report = reports.setdefault(index, ErrorReport(label=keys[index]))  # one per task (env D29)
         slots.append([EnvManager(tp.env_factory, wrap(ProxyLLMClient(proxy, timeout_s=llm_timeout,
                                                      on_response=routing_log.record if routing_log else None,
                                                      on_served=recorder.served if recorder else None)),
                                  with_system_prompt(tp.prompts_factory(), task.system_prompt), sinks[index], ecfg,
-                                 name=f"{keys[index]}-{i}-{j}", tag=task.tag)
+                                 name=f"{keys[index]}-{i}-{j}", tag=task.tag, errors=report)
                       for j in range(pcfg.group_size)])
         names.append(keys[index])
     return slots, names
@@ -388,6 +391,23 @@ async def collect_engine_stats(workers: list[Any]) -> dict[str, float]:
                 snap = {}
         for key, value in snap.items():
             total[key] = total.get(key, 0.0) + value
+    return total
+
+
+def reward_stats(parts: list[TaskParts], run_dir: Path) -> Any:
+    """The summed stats of the run's reward-service clients (scheduler D53), their outages in events.jsonl; None without one."""
+    from rollart.scheduler.records import EventLog
+
+    clients = [tp.reward_client for tp in parts if tp.reward_client is not None]
+    if not clients:
+        return None
+    events = EventLog(run_dir)
+    for client in clients:
+        client.on_event = lambda kind, detail: events.record(kind, **detail)
+
+    def total() -> dict[str, Any]:
+        snaps = [c.stats.snapshot() for c in clients]
+        return {"retries": sum(s["retries"] for s in snaps), "outage_s": sum(s["outage_s"] for s in snaps)}
     return total
 
 
@@ -509,7 +529,8 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
                                        pad_token_id=model.pad_token_id(tokenizer),
                                        closers=[*(s.aclose for s in sinks), proxy.close, trainer.close, *closers],
                                        proxy=proxy, workers=list(workers), placement=placement, routing_log=routing_log,
-                                       engine_stats=lambda: collect_engine_stats(serving(proxy)), recorder=recorder)
+                                       engine_stats=lambda: collect_engine_stats(serving(proxy)), recorder=recorder,
+                                       reward_stats=reward_stats(parts, run_dir))
     except BaseException:
         # nothing lost on failure: a part that fails to build (a user env that breaks its protocol, a world
         # that cannot form) must not leave actors, placement groups or services behind for the next run

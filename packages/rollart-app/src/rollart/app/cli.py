@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime as _dt
 import os
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rollart import checks as check
 from rollart.app.config import RunConfig
 from rollart.app.overrides import load_config_with
+from rollart.app.preflight import check_before_start
+from rollart.app.run_logs import root_cause, run_logs
 from rollart.scheduler.checkpoint import ConfigChangedError
 from rollart.scheduler.errors import ConfigError, RunFailed, SchedulerError
 from rollart.scheduler.timeline import plot_timeline
@@ -151,15 +154,30 @@ def run(
         typer.echo(str(err), err=True)
         raise typer.Exit(code=2) from None
     out = Path(run_dir) if run_dir else default_run_dir(cfg)
+    existed = out.exists()
+    logs = None
     try:
+        check_before_start(cfg, base_dir=Path(config).resolve().parent)  # before Ray starts (app D57)
         init_ray(cfg)
-        asyncio.run(run_pipeline(cfg, out, count, base_dir=Path(config).parent,
-                                 allow_config_change=allow_config_change))
+        with run_logs(out) as logs:
+            asyncio.run(run_pipeline(cfg, out, count, base_dir=Path(config).parent,
+                                     allow_config_change=allow_config_change))
     except (ConfigError, ConfigChangedError) as err:  # found before a step ran: a name, a capacity, a resume
+        if not existed:  # a run that never started leaves no run directory behind (app D58)
+            shutil.rmtree(out, ignore_errors=True)
         typer.echo(str(err), err=True)
         raise typer.Exit(code=2) from None
+    except typer.Exit:  # a stop by signal already chose its exit code (128 + the signal)
+        raise
     except RunFailed as err:  # a part the run cannot go on without is gone: one line, what and how to resume
-        typer.echo(f"run failed: {err}", err=True)
+        cause = root_cause(err, logs.copied if logs is not None else [])
+        why = f" (root cause: {cause.line}, in {cause.log})" if cause.log is not None else ""
+        typer.echo(f"run failed: {err}{why}; logs: {out / 'logs'}", err=True)
+        raise typer.Exit(code=1) from None
+    except Exception as err:  # a part failed: its root cause in one line, and where the logs are (app D56)
+        cause = root_cause(err, logs.copied if logs is not None else [])
+        where = f" (in {cause.log})" if cause.log is not None else ""
+        typer.echo(f"run failed: {cause.line}{where}; logs: {out / 'logs'}", err=True)
         raise typer.Exit(code=1) from None
 
 
@@ -175,6 +193,23 @@ def timeline(
         typer.echo(str(err), err=True)
         raise typer.Exit(code=2) from None
     typer.echo(str(path))
+
+
+@app.command()
+def report(
+    run_dir: Path = typer.Argument(..., help="a run directory written by `rollart run`"),
+) -> None:
+    """`rollart report RUN_DIR`: print a summary and write RUN_DIR/report.html with plots (app D58)."""
+    from rollart.app.report import summarize, write_report
+
+    try:
+        page = write_report(run_dir)
+    except SchedulerError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(code=2) from None
+    for line in summarize(run_dir).lines():
+        typer.echo(line)
+    typer.echo(f"report: {page}")
 
 
 checkpoint_app = typer.Typer(add_completion=False, help="Model checkpoints for the example configs.")
@@ -203,15 +238,21 @@ def plan(
     sets: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
     """`rollart plan CONFIG`: validate, resolve every name and print the placement and memory estimate; starts nothing."""
-    from rollart.app.plan import make_plan, render_plan
+    from rollart.app.plan import render_plan
+    from rollart.app.preflight import preflight
 
     try:
         cfg = load_config_with(config, sets)
-        laid_out = make_plan(cfg, base_dir=Path(config).resolve().parent)
     except ConfigError as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(code=2) from None
-    render_plan(laid_out, Console(width=160))
+    checked = preflight(cfg, base_dir=Path(config).resolve().parent)  # what `rollart run` checks (app D57)
+    if checked.plan is not None:
+        render_plan(checked.plan, Console(width=160))
+    for problem in checked.problems:
+        typer.echo(str(problem), err=True)
+    if checked.problems:
+        raise typer.Exit(code=2)
 
 
 @app.command()

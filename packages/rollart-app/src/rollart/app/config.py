@@ -6,6 +6,7 @@ worker starts, and the error must say which field, what was given and what is al
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -165,8 +166,8 @@ class ModelSection(_Strict):
         root = Path(self.path).expanduser()
         if not root.is_dir():
             raise ValueError(f"model.path {self.path!r} is not a directory (a Hugging Face checkpoint directory is expected; "
-                             f"a relative path is taken from the working directory; make a tiny one with "
-                             f"`rollart checkpoint init {self.path}`)")
+                             f"a relative path in a config file is taken from the file's folder, one given with --set "
+                             f"from the working directory; make a tiny one with `rollart checkpoint init {self.path}`)")
         if not (root / "config.json").is_file():
             raise ValueError(f"model.path {self.path!r} has no config.json")
         if not any((root / f).is_file() for f in TOKENIZER_FILES):
@@ -552,11 +553,33 @@ def parse_config(data: dict[str, Any]) -> RunConfig:
         raise ConfigError(format_validation_error(err)) from None
 
 
+CONFIG_PATHS = (("model", "path"), ("run", "run_dir"))
+
+
+def resolve_paths(data: Any, base_dir: Path) -> Any:
+    """The config file's relative paths (`CONFIG_PATHS`) taken from its folder `base_dir` (app D57).
+
+    Env and reward import paths (`file.py:Name`) were already resolved there; `model.path` and
+    `run.run_dir` were taken from the working directory, so a config behaved differently by where
+    it was run from. Anything that is not a mapping is left to `parse_config` to refuse.
+    """
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for section, key in CONFIG_PATHS:
+        part = out.get(section)
+        if isinstance(part, dict) and isinstance(part.get(key), str) and part[key]:
+            value = Path(part[key]).expanduser()
+            if not value.is_absolute():
+                out[section] = {**part, key: os.path.normpath(Path(base_dir) / value)}
+    return out
+
+
 def load_config(path: str | Path) -> RunConfig:
     """Read YAML and validate it; errors become ConfigError naming field paths and allowed values."""
-    # deps: parse_config, yaml.safe_load
+    # deps: parse_config, resolve_paths, yaml.safe_load
     try:
         data = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as err:
         raise ConfigError(f"cannot read run config {str(path)!r}: {err}") from None
-    return parse_config(data if data is not None else {})
+    return parse_config(resolve_paths(data if data is not None else {}, Path(path).resolve().parent))

@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = demo_config()
     if args.seed is not None:
         cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"seed": args.seed})})
-    if args.no_ray:
-        cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"use_ray": False})})
+    if args.no_ray:  # `cluster.ray: none`: in-process workers (a `use_ray` copy field was ignored, app D59)
+        cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"ray": "none"})})
     run_dir = args.run_dir or default_run_dir(cfg)
     console = Console()
     console.print(f"[bold]RollArt CPU demo[/bold] -> {run_dir}")

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from rollart import checks as check
-from rollart.app.config import RunConfig, parse_config
+from rollart.app.config import RunConfig, parse_config, resolve_paths
 from rollart.scheduler.errors import ConfigError
 
 
@@ -61,10 +61,10 @@ def apply_overrides(data: dict[str, Any], sets: Sequence[str]) -> dict[str, Any]
 
 def load_config_with(path: str | Path, sets: Sequence[str] = ()) -> RunConfig:
     """Read YAML, apply `--set` overrides, validate (ConfigError names fields and allowed values)."""
-    # deps: apply_overrides, parse_config
+    # deps: apply_overrides, parse_config, resolve_paths
     try:
         data = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as err:
         raise ConfigError(f"cannot read run config {str(path)!r}: {err}") from None
-    data = data if data is not None else {}
+    data = resolve_paths(data if data is not None else {}, Path(path).resolve().parent)  # the file's paths, from its folder
     return parse_config(apply_overrides(data, sets) if isinstance(data, dict) else data)  # parse_config names a non-mapping

@@ -46,6 +46,7 @@ class TaskParts:
     closers: list[Callable[[], Any]]
     prompts: str = "demo"
     llm_wrapper: Callable[[Any], Any] | None = None  # wraps the task's LLM client (simulated response lengths)
+    reward_client: Any = None  # the RewardClient of a service reward (its stats reach the metrics)
 
 
 def prompt_style(task: TaskSection, config: RunConfig) -> str:
@@ -167,7 +168,8 @@ def build_task(task: TaskSection, index: int, config: RunConfig, tokenizer: Any,
     else:
         scorer, origin, closer = service_scorer(reward_spec, f"{field}.reward")
         closers.append(closer)
-    return TaskParts(task, env_factory, prompts_factory, scorer, env.origin, origin, closers, style, llm_wrapper)
+    return TaskParts(task, env_factory, prompts_factory, scorer, env.origin, origin, closers, style, llm_wrapper,
+                     reward_client=getattr(closer, "__self__", None) if not isinstance(reward_spec, str) else None)
 
 
 def service_scorer(spec: Any, field: str = "reward") -> tuple[Scorer, str, Callable[[], Any]]:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Protocol, TypeVar
 
 from rollart import checks as check
+from rollart.env.error_report import EnvFault, ErrorReport
 from rollart.env.errors import EnvCrashedError, EnvError, EnvProtocolError, EnvTimeoutError, LLMCallError
 from rollart.env.protocols import (
     FINISH_REASONS,
@@ -141,6 +142,7 @@ class EnvManager:
         config: EnvManagerConfig | None = None,
         name: str = "env-0",
         tag: str = "default",
+        errors: ErrorReport | None = None,
     ) -> None:
         """Create the manager and check its parts against their protocols, so a sync `step` or a
         missing prompt method fails here with EnvProtocolError instead of failing every trajectory.
@@ -148,6 +150,7 @@ class EnvManager:
         When `env_factory` is a class its methods are checked; otherwise it is called once now and
         that environment serves the first trajectory (a factory that raises is left to run time,
         where it counts as an env crash as before). Later environments are re-created lazily.
+        `errors` (shared by a task's managers) logs and counts the env's exceptions (D29).
         """
         # VAL: VAL_NON_EMPTY(name, exc=EnvError)
         check.non_empty("name", name, exc=EnvError)  # generated #2b3c116a0c
@@ -171,6 +174,8 @@ class EnvManager:
         self.name = name
         self.tag = tag
         self.counters = EnvCounters()
+        self.errors = errors if errors is not None else ErrorReport(label=name)
+        self._fault: EnvFault | None = None
         self.turn_barrier: TurnBarrier | None = None
         self._rng = random.Random(self.config.seed)
         self._env: Env | None = first_env
@@ -212,6 +217,7 @@ class EnvManager:
         )
         traj.t_start = loop.time()
         self._current, self._task, self._cancel_reason = traj, asyncio.current_task(), None
+        self._fault = None
         self.counters.started += 1
         try:
             status, reason = await self._rollout(traj, seed)
@@ -228,8 +234,10 @@ class EnvManager:
                 status, reason = TrajectoryStatus.ABORTED, f"cancelled:{self._cancel_reason}"
         except EnvTimeoutError as exc:
             status, reason = TrajectoryStatus.FAILED, f"env_timeout:{exc}"
+            self._attach_fault(traj)
         except EnvCrashedError as exc:
             status, reason = TrajectoryStatus.FAILED, f"env_crash:{exc}"
+            self._attach_fault(traj)
         except LLMCallError as exc:
             self.counters.llm_errors += 1
             status, reason = TrajectoryStatus.FAILED, f"llm_error:{exc}"
@@ -372,10 +380,19 @@ class EnvManager:
         check.postcondition(len(result.weight_versions) in (0, len(result.token_ids)), "one weight version per generated token", got_lazy=lambda: len(result.weight_versions), exc=LLMCallError)  # generated #1e77539eb0
         return result
 
+    def _attach_fault(self, traj: Trajectory) -> None:
+        """The env exception that ended `traj`, in `traj.info["env_error"]` (the scheduler counts it by kind)."""
+        if self._fault is not None:
+            traj.info["env_error"] = self._fault.as_info()
+
+    def _report(self, call: str, exc: BaseException) -> None:
+        self._fault = self.errors.report(call, self.name, exc)
+
     async def _env_call(
         self, fn: Callable[[], Awaitable[T]], policy: RetryPolicy, kind: str, retry_on_timeout: bool
     ) -> T:
-        def on_retry(_err: BaseException) -> None:
+        def on_retry(err: BaseException) -> None:
+            self._report(kind, err)  # a retried exception is an exception too: logged once, counted
             if kind == "reset":
                 self.counters.reset_retries += 1
             else:
@@ -388,14 +405,17 @@ class EnvManager:
                 raise
             self.counters.env_crashes += 1  # the env raised it: an env fault, not a shutdown
             self._env_needs_restart = True
+            self._report(kind, exc)
             raise EnvCrashedError(f"{kind} raised CancelledError itself: {exc!r}") from exc
-        except EnvTimeoutError:
+        except EnvTimeoutError as exc:
             self.counters.env_timeouts += 1
             self._env_needs_restart = True
+            self._report(kind, exc)
             raise
         except Exception as exc:
             self.counters.env_crashes += 1
             self._env_needs_restart = True
+            self._report(kind, exc)
             raise EnvCrashedError(f"{kind} failed: {exc!r}") from exc
 
     async def _reset_with_restarts(self, seed: int | None):
@@ -423,9 +443,11 @@ class EnvManager:
             self._env = self.env_factory()
         except asyncio.CancelledError as exc:  # a factory is synchronous: nobody cancelled anything
             self.counters.env_crashes += 1
+            self._report("factory", exc)
             raise EnvCrashedError(f"env factory raised CancelledError: {exc!r}") from exc
         except Exception as exc:
             self.counters.env_crashes += 1
+            self._report("factory", exc)
             raise EnvCrashedError(f"env factory failed: {exc!r}") from exc
         self._env_needs_restart = False
         return self._env

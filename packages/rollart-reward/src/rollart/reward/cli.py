@@ -10,11 +10,17 @@ two commands check the same options, say the same words and exit with the same c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shutil
+import signal
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rollart import checks as check
 from rollart.reward.errors import RewardError
@@ -80,9 +86,39 @@ def serve_command(spec: str, name: str | None = None, host: str | None = None, p
         print(f"warning: binding {options.host}: the reward service is reachable from other machines", file=sys.stderr)
     print(f"serving reward {options.name!r} from {spec} on http://{options.host}:{options.port} (POST /v1/score)",
           file=sys.stderr, flush=True)
-    serve_function(options.spec, options.name, options.token, host=options.host, port=options.port,
-                   workers=options.workers, cache_path=options.cache_path)
+    made = Path(options.cache_path).parent if cache_path is None else None  # the temp dir serve_options made
+    with removed_on_exit(made):
+        serve_function(options.spec, options.name, options.token, host=options.host, port=options.port,
+                       workers=options.workers, cache_path=options.cache_path)
     return 0
+
+
+@contextlib.contextmanager
+def removed_on_exit(directory: Path | None) -> Iterator[None]:
+    """Remove `directory` when the body ends, however it ends, SIGTERM included (D31).
+
+    Why a SIGTERM handler: uvicorn re-raises the SIGTERM it caught once it has stopped, and the
+    default action ends the process before any `finally` runs; the handler removes the directory,
+    then lets the signal end the process as before (same exit status).
+    """
+    if directory is None:
+        yield
+        return
+    previous = None
+
+    def on_term(signum: int, _frame: Any) -> None:
+        shutil.rmtree(directory, ignore_errors=True)
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,8 +23,10 @@ without that shutdown leaves its pool to the garbage collector: nothing can be a
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -36,6 +38,26 @@ from rollart.reward.errors import RewardAttemptsExhaustedError, RewardError, Rew
 from rollart.reward.protocol import RewardResult
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+log = logging.getLogger(__name__)
+EventHook = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass
+class ClientStats:
+    """What a client saw, cumulative (D30): final errors by class, retried attempts, outages and their seconds.
+
+    An outage starts at the first attempt that fails on the transport or with a 5xx after a success
+    (or at the start) and ends at the next answered attempt; its seconds count when it ends.
+    """
+
+    errors: dict[str, int] = field(default_factory=dict)
+    retries: int = 0
+    outages: int = 0
+    outage_s: float = 0.0
+
+    def snapshot(self) -> dict[str, Any]:
+        """A copy as plain data (what the pipeline's metrics difference per iteration)."""
+        return {"errors": dict(self.errors), "retries": self.retries, "outages": self.outages, "outage_s": self.outage_s}
 
 
 def idempotency_key(reward: str, trajectory: Trajectory) -> str:
@@ -55,9 +77,11 @@ class RewardClient:
         backoff_base_s: float = 0.1,
         backoff_max_s: float = 2.0,
         seed: int | None = None,
+        on_event: EventHook | None = None,
     ) -> None:
         """`timeout_s` bounds one HTTP attempt; the per-call `deadline_s` bounds the whole batch, and
-        `max_attempts` (None: no cap) optionally caps the attempts within it."""
+        `max_attempts` (None: no cap) optionally caps the attempts within it. `on_event(kind, detail)`
+        hears `reward_outage` and `reward_recovered` (D30)."""
         # AST: AST_PRECONDITION(base_url.startswith(("http://", "https://")), got=base_url, msg="base_url is http(s)", exc=RewardError)
         check.precondition(base_url.startswith(("http://", "https://")), "base_url is http(s)", got=base_url, exc=RewardError)  # generated #8ed6e1e28a
         # VAL: VAL_TIMEOUT(timeout_s, exc=RewardError)
@@ -81,6 +105,37 @@ class RewardClient:
         # WeakKeyDictionary: the generator holds its loop's finalizer hook, so the loop would never be freed
         self._pools: dict[asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, AsyncGenerator[None, None]]] = {}
         self.attempts = 0
+        self.stats = ClientStats()
+        self.on_event = on_event
+        self._outage_since: float | None = None
+        self._outage_problem = ""
+
+    def _attempt_failed(self, problem: str) -> None:
+        """An attempt that got no answer (transport) or a 5xx: an outage starts unless one is on (D30)."""
+        if self._outage_since is not None:
+            return
+        self._outage_since = asyncio.get_running_loop().time()
+        self._outage_problem = problem
+        self.stats.outages += 1
+        log.warning("reward service %s is not answering (%s); retrying until each call's deadline", self.base_url, problem)
+        if self.on_event is not None:
+            self.on_event("reward_outage", {"service": self.base_url, "problem": problem})
+
+    def _attempt_answered(self) -> None:
+        """An answered attempt ends an outage: one log line, its seconds counted, `reward_recovered` (D30)."""
+        if self._outage_since is None:
+            return
+        seconds = asyncio.get_running_loop().time() - self._outage_since
+        self._outage_since = None
+        self.stats.outage_s += seconds
+        log.warning("reward service %s answers again after %.1f s (%s)", self.base_url, seconds, self._outage_problem)
+        if self.on_event is not None:
+            self.on_event("reward_recovered", {"service": self.base_url, "outage_s": seconds})
+
+    def _count_error(self, err: RewardError) -> None:
+        kind = type(err).__name__
+        self.stats.errors[kind] = self.stats.errors.get(kind, 0) + 1
+        log.warning("reward service %s: scoring failed: %s: %s", self.base_url, kind, err)
 
     async def _client(self) -> httpx.AsyncClient:
         """The running loop's pool, made on first use in that loop (D26)."""
@@ -100,16 +155,25 @@ class RewardClient:
         """Score every trajectory (results in input order), retrying until the deadline.
 
         Raises `RewardTimeoutError` (deadline), `RewardAttemptsExhaustedError` (`max_attempts`) or
-        `RewardRequestError` (a non-retryable status); each names its limit in `limit` and the message.
+        `RewardRequestError` (a non-retryable status); each names its limit in `limit` and the message,
+        is logged and counted in `stats.errors` by class (D30).
         """
         # deps: idempotency_key, RewardClient._post
         # VAL: VAL_TIMEOUT(deadline_s, exc=RewardError)
         check.timeout("deadline_s", deadline_s, exc=RewardError)  # generated #4682918efd
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + deadline_s
         keys = [idempotency_key(reward, t) for t in trajectories]
         # VAL: VAL_UNIQUE(keys, exc=RewardError)
         check.unique("keys", keys, exc=RewardError)  # generated #7b03952c54
+        try:
+            return await self._score_batch(reward, trajectories, deadline_s, keys)
+        except RewardError as err:
+            self._count_error(err)
+            raise
+
+    async def _score_batch(self, reward: str, trajectories: Sequence[Trajectory], deadline_s: float,
+                           keys: list[str]) -> list[RewardResult]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + deadline_s
         pending = dict(zip(keys, trajectories))
         done: dict[str, RewardResult] = {}
         start = loop.time()
@@ -127,6 +191,7 @@ class RewardClient:
         async for attempt in policy:
             with attempt:
                 number = attempt.retry_state.attempt_number
+                self.stats.retries += int(number > 1)
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     raise RewardTimeoutError(
@@ -138,7 +203,15 @@ class RewardClient:
                     results = await self._post(reward, pending, remaining)
                 except (TimeoutError, httpx.TransportError, _Retryable) as exc:
                     last_problem = f"{type(exc).__name__}: {exc}"
+                    if not (isinstance(exc, _Retryable) and str(exc) == "HTTP 429"):  # busy is an answer, not an outage
+                        self._attempt_failed(last_problem)
+                    else:
+                        self._attempt_answered()
                     raise _Unfinished(last_problem, exc.retry_after if isinstance(exc, _Retryable) else 0.0) from exc
+                except RewardRequestError:
+                    self._attempt_answered()
+                    raise
+                self._attempt_answered()
                 for item in results:
                     if item["status"] == "ok" and item["key"] in pending:
                         done[item["key"]] = RewardResult(score=item["score"], details=item.get("details") or {})

@@ -25,6 +25,7 @@ from rollart.scheduler.adapters import trajectories_to_samples
 from rollart.scheduler.buffer import SampleBuffer, oldest_version
 from rollart.scheduler.checkpoint import Checkpointer, config_identity
 from rollart.scheduler.errors import ConfigError, SchedulerError
+from rollart.scheduler.failures import FailureWatch, reward_metrics
 from rollart.scheduler.metrics import MetricsWriter, RoleTimeline, engine_metrics
 from rollart.scheduler.progress import progress_line, status_text
 from rollart.scheduler.records import RunRecorder, truncate_after
@@ -147,6 +148,7 @@ class PipelineParts:
     routing_log: Any = None  # adapters.RoutingLog: requests per tag and hardware
     engine_stats: Callable[[], Awaitable[dict[str, float]]] | None = None  # summed engine counters
     recorder: RunRecorder | None = None  # events, trajectory ledger, routing and outcomes (D50); made when metrics exist
+    reward_stats: Callable[[], dict[str, Any]] | None = None  # reward clients' cumulative stats, summed (D53)
 
 
 class Pipeline:
@@ -190,6 +192,9 @@ class Pipeline:
         if self.recorder is not None:
             parts.buffer.observe(self.recorder.put)
             parts.buffer.observe_settled(self.recorder.settled)
+        self.failures = FailureWatch(limit=max(16, 2 * config.pipeline.group_size))  # D52
+        parts.buffer.observe(self.failures.observe)
+        self._reward_stats: dict[str, Any] = {}
 
     # ---------------------------------------------------------------- helpers
     def on_trajectory(self, traj: Trajectory) -> None:
@@ -284,7 +289,7 @@ class Pipeline:
         if self.recorder is not None:
             self.recorder.iteration = self.iteration + 1
         self._roles(p.rollout_devices, "rollout")
-        batch = await self._batch(cfg.batch_size, cfg.get_batch_timeout_s)
+        batch = await self.failures.guard(self._batch(cfg.batch_size, cfg.get_batch_timeout_s))  # D52
         if batch is None:  # stop requested while waiting: nothing trained, the iteration did not happen
             raise _Stopped()
         t_batch = loop.time()
@@ -353,6 +358,11 @@ class Pipeline:
             now = await p.engine_stats()
             rec.update(engine_metrics(self._engine_stats, now))
             self._engine_stats = now
+        rec.update(self.failures.take())  # env_errors, reward_errors by kind (D52)
+        if p.reward_stats is not None:  # reward_retries, reward_outage_s (D53)
+            now_stats = p.reward_stats()
+            rec.update(reward_metrics(self._reward_stats, now_stats))
+            self._reward_stats = now_stats
         self._seen_aborted = aborted_total
         if self.recorder is not None:  # routing per tag and hardware, outcomes that add up (D49)
             rec.update(self.recorder.take_iteration())

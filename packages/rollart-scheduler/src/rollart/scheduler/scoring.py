@@ -84,21 +84,24 @@ class ScoringSink:
             raise
         except TimeoutError:
             self._pending.pop(trajectory.id, None)
-            self._fail(trajectory, f"reward timed out after {self.deadline_s:.3g} s")
+            log.warning("reward of trajectory %s timed out after %.3g s", trajectory.id, self.deadline_s)
+            self._fail(trajectory, f"reward timed out after {self.deadline_s:.3g} s", kind="timeout")
             return
         except Exception as err:  # noqa: BLE001 - any scorer failure becomes a failed trajectory
             log.warning("reward of trajectory %s failed: %s: %s", trajectory.id, type(err).__name__, err)
             self._pending.pop(trajectory.id, None)
-            self._fail(trajectory, f"reward failed: {type(err).__name__}: {err}"[:500])
+            self._fail(trajectory, f"reward failed: {type(err).__name__}: {err}"[:500], kind=type(err).__name__)
             return
         self._pending.pop(trajectory.id, None)
         trajectory.reward = value
         self.scored += 1
         self._deliver(trajectory)
 
-    def _fail(self, trajectory: Trajectory, reason: str) -> None:
+    def _fail(self, trajectory: Trajectory, reason: str, kind: str = "") -> None:
         trajectory.status = TrajectoryStatus.FAILED
         trajectory.reason = reason
+        if kind:  # counted by kind in the iteration's `reward_errors` (D52)
+            trajectory.info["reward_error"] = {"kind": kind, "message": reason}
         trajectory.reward = None
         self.failed += 1
         self._deliver(trajectory)
