@@ -113,6 +113,21 @@ def test_every_trajectory_is_accounted_once_and_the_bound_holds(mode, alpha, gro
     assert r.seen == r.collected + r.aborted + r.failed + r.in_buffer  # each trajectory in exactly one bucket
     assert r.staleness_max <= alpha
     assert all(h["trajectories"] == 8 and h["staleness_max"] <= alpha for h in r.history)
+    generated = sum(h["tokens_per_s"] * h["step_time_s"] for h in r.history)
+    assert 0 < sum(h["trained_tokens"] for h in r.history) <= generated + 1e-6  # trained ones were generated first
+
+
+def test_trained_tokens_count_only_the_batches_and_exclude_discarded_rollouts():
+    """Scheduler D58 / app D66: the time-sharing metric. Redundant groups (2x) are generated and then
+    discarded, so the trained-token rate is below the generated one; before, only the generated one existed."""
+    spec = parse_scenario(scenario(iterations=4, pipeline={"redundancy": 2.0}))
+    r = run_one(spec, spec.runs[0])
+    assert r.aborted > 0
+    assert 0 < r.trained_tokens_per_s < r.tokens_per_s
+    window = r.history[spec.warmup:]
+    span = r.virtual_s - r.history[spec.warmup - 1]["t_end"]
+    assert r.trained_tokens_per_s == pytest.approx(sum(h["trained_tokens"] for h in window) / span)
+    assert all(h["trained_tokens"] >= h["trajectories"] for h in r.history)  # every trajectory answered once or more
 
 
 @pytest.mark.parametrize("mode", ["async", "one_off"])
@@ -327,3 +342,4 @@ def test_the_simulation_collects_less_often_and_restores_the_process_settings():
             raise RuntimeError("a run that fails")
     assert gc.get_threshold() == before
     assert gc.get_freeze_count() == 0
+

@@ -11,6 +11,8 @@ What a run reports (`RunResult`), over the iterations after `warmup`:
     iteration_s      mean step time (get_batch -> train -> sync -> resume)
     rollout_s        mean time waiting for the batch (get_batch)
     tokens_per_s     response tokens generated (kept or not) per second of the window
+    trained_tokens_per_s  response tokens of the batches trained on per second of the window (D66:
+                     the time-sharing figure's metric; discarded and aborted tokens do not count)
     util_rollout     SimEngine busy time (prefill + decode) / (rollout devices x window)
     util_train       train step time x trainer devices (lent included) / (trainer devices x window)
     collected        trajectories consumed by batches (FAILED ones never are)
@@ -62,6 +64,7 @@ class RunResult:
     staleness_max: int
     alpha: int
     seen: int = 0  # trajectories the envs handed to the buffer (each is in exactly one bucket above)
+    trained_tokens_per_s: float = 0.0  # response tokens of the trained batches per second (D66)
     history: list[dict[str, Any]] = field(default_factory=list)
     timeline: list[dict[str, Any]] = field(default_factory=list)
 
@@ -142,6 +145,7 @@ async def simulate_run(config: RunConfig, name: str, warmup: int = 0,
         iteration_s=sum(r["step_time_s"] for r in window) / len(window),
         rollout_s=sum(r["get_batch_s"] for r in window) / len(window),
         tokens_per_s=sum(r["tokens_per_s"] * r["step_time_s"] for r in window) / span,
+        trained_tokens_per_s=sum(r["trained_tokens"] for r in window) / span,
         util_rollout=(busy_end - snapshots["busy"]) / (n_roll * span),
         util_train=(train_end - snapshots["train"]) / (n_train * span),
         switch_s=sum(r["switch_cost_s"] for r in window) / len(window),
