@@ -343,3 +343,67 @@ def test_the_simulation_collects_less_often_and_restores_the_process_settings():
     assert gc.get_threshold() == before
     assert gc.get_freeze_count() == 0
 
+
+def test_static_search_keeps_the_best_feasible_layout_under_the_budget_and_runs_each_once():
+    """App D67. A layout the config refuses is listed with its reason and never best; no layout runs twice."""
+    from rollart.app.sim.runner import run_one as real_run
+    from rollart.app.sim.search import search_spec, search_static
+
+    spec = parse_scenario(scenario(iterations=3, runs=[{"name": "ts", "set": {"pipeline.mode": "time_sharing"}}],
+                                   search={"budget_devices": 6, "granularity": 1, "coarse": 3, "refine": 2}))
+    seen: list[str] = []
+
+    def run(sc, run_spec):
+        seen.append(json.dumps(run_spec.set, sort_keys=True))
+        if run_spec.set["trainer.devices"] >= 5:  # stands in for the trainer-memory refusal (issue 22 part A)
+            raise ConfigError("trainer.devices: the trainer's memory does not fit (stand-in)")
+        assert sc.iterations == 3 and run_spec.set["pipeline.mode"] == "async"  # time-sharing's static counterpart
+        return real_run(sc, run_spec)
+
+    found = search_static(spec, search_spec(spec, "static"), run=run)
+    assert len(seen) == len(set(seen)) == len(found.candidates) >= 3
+    assert all(c.devices <= 6 for c in found.candidates)
+    refused = [c for c in found.candidates if c.infeasible]
+    assert refused and all("memory" in c.infeasible and c is not found.best for c in refused)
+    ok = [c for c in found.candidates if c.feasible]
+    assert found.best is not None and found.best.result.iteration_s == min(c.result.iteration_s for c in ok)
+    assert found.row()["best"]["run"]["iteration_s"] == found.best.result.iteration_s
+
+
+def test_static_search_under_a_cost_budget_prices_each_hardware():
+    from rollart.app.sim.search import search_spec, search_static
+
+    spec = parse_scenario(scenario(iterations=2))
+    options = search_spec(spec, "static", budget_cost=3.0, rollout_hardware=["H20"], granularity=1, coarse=2, refine=0,
+                          metric="trained_tokens_per_s")
+    found = search_static(spec, options)
+    # 1 H800 trainer (1.0) leaves 2.0 = 5 H20 (1/2.85 each); 2 H800 leave 1.0 = 2 H20
+    assert sorted((c.train_devices, c.rollout["h20"]) for c in found.candidates) == [(1, 5), (2, 2)]
+    assert all(c.cost <= 3.0 + 1e-9 for c in found.candidates)
+    assert found.best.result.trained_tokens_per_s == max(c.result.trained_tokens_per_s for c in found.candidates)
+
+
+@pytest.mark.parametrize("over, field", [
+    ({"search": {"budget_devices": 1}}, "search.budget_devices"),
+    ({"search": {"budget_devices": 8, "budget_cost": 2}}, "budget_cost"),
+    ({"search": {"rollout_hardware": ["H900"]}}, "H800"),
+    ({"search": {"base": "nope"}}, "search.base"),
+    ({"search": {"metric": "speed"}}, "trained_tokens_per_s"),
+    ({"search": {"coarse": 1}}, "search.coarse"),
+])
+def test_search_section_errors_name_the_field_and_the_allowed_values(over, field):
+    with pytest.raises(ConfigError) as err:
+        parse_scenario(scenario(**over))
+    assert field in str(err.value)
+
+
+def test_rollart_sim_search_static_cli(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(scenario(iterations=2)))
+    out = CliRunner().invoke(app, ["sim", str(path), "--search", "static", "--budget-devices", "4", "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout[out.stdout.index("{"):])
+    best = data["search"]["best"]
+    assert best["devices"] <= 4 and best["run"]["iteration_s"] > 0
+    out = CliRunner().invoke(app, ["sim", str(path), "--search", "dynamic"])
+    assert out.exit_code == 2 and "--search" in out.output and "static" in out.output
