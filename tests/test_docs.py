@@ -72,7 +72,7 @@ def test_config_reference_type_cells_hold_no_pipe_or_backslash():
         assert "\\" not in row[1] and "|" not in row[1], row
     types_shown = {row[1] for row in rows}
     assert "`str` or `None`" in types_shown and "`str`, `RewardService` or `None`" in types_shown
-    assert "one of `Qwen3-8B`, `Qwen3-32B` or `None`" in types_shown
+    assert "one of `Qwen3-8B`, `Qwen3-32B`, `Qwen3-30B-A3B`, `Qwen3-235B-A22B` or `None`" in types_shown
 
 
 DOCS = ROOT / "docs"

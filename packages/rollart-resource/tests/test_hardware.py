@@ -85,3 +85,15 @@ def test_collective_bandwidth_is_nvlink_inside_a_node_and_the_nic_beyond():
         HardwareSpec("X3", 100.0, 40, 1.0, 300, 0.5, gpus_per_node=0)
     with pytest.raises(ResourceError, match="devices"):
         h800.collective_gbps(0)
+
+
+def test_cost_per_hour_is_the_catalogues_relative_cost():
+    """D34: Table 2's equal-cost proportions, in H800-hours (H20 = 1/2.85)."""
+    cat = HardwareCatalogue()
+    assert cat.cost_per_hour({"H800": 72}) == pytest.approx(72)
+    assert cat.cost_per_hour({"H20": 208}) == pytest.approx(208 / 2.85)
+    assert cat.cost_per_hour({"H800": 64, "H20": 24}) == pytest.approx(64 + 24 / 2.85)
+    with pytest.raises(UnknownHardwareError, match="B200"):
+        cat.cost_per_hour({"B200": 1})
+    with pytest.raises(ResourceError, match="count"):
+        cat.cost_per_hour({"H800": -1})

@@ -75,3 +75,23 @@ def test_metrics_have_the_torch_trainers_keys_and_checkpoints_restore_the_versio
     fresh = SimTrainer(1e9, BUILTIN_HARDWARE["H20"], 16)
     fresh.load_checkpoint(tmp_path / "sim-ckpt")
     assert fresh.version == 1
+
+
+def test_forward_pass_and_active_parameter_figures_name_the_field():
+    """D25."""
+    with pytest.raises(TrainError, match="forward_passes"):
+        train_step_cost(8.2e9, 10, 1, H800, forward_passes=-1)
+    with pytest.raises(TrainError, match="active_params"):
+        train_step_cost(8.2e9, 10, 1, H800, active_params=9e9)
+
+
+def test_forward_passes_and_active_parameters_price_the_rl_step():
+    # Qwen3-235B-A22B, 512 x 8,192 tokens on 128 H800: (6 + 2 x 2) x 22e9 x T / (128 x 989.5e12 x 0.4)
+    tokens = 512 * 8192
+    cost = train_step_cost(235e9, tokens, 128, H800, active_params=22e9, forward_passes=2)
+    assert cost.compute_s == pytest.approx(10 * 22e9 * tokens / (128 * 989.5e12 * 0.4))
+    assert cost.allreduce_s == pytest.approx(2 * 127 / 128 * 2 * 235e9 / 50e9)  # gradients of all parameters
+    trainer = SimTrainer(235e9, H800, 128, active_params=22e9, forward_passes=2)
+    assert trainer.cost_on(tokens, 128) == cost
+    assert train_step_cost(8.2e9, tokens, 8, H800, forward_passes=1).compute_s == pytest.approx(
+        train_step_cost(8.2e9, tokens, 8, H800).compute_s * 8 / 6)

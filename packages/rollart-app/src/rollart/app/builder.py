@@ -134,13 +134,15 @@ async def start_pools(config: RunConfig, model: ModelSpec, placement: Placement,
 
     workers: list[Any] = []
     for pool in config.rollout.pools:
-        spec = EngineSpec(pool.engine, model, pool.hardware, pool.max_num_seqs, dict(pool.engine_args))
+        tp = pool.tensor_parallel_size
+        spec = EngineSpec(pool.engine, model, pool.hardware, pool.max_num_seqs, dict(pool.engine_args), tp)
         devices = placement.pools[pool.name]
         if runtime is not None and pool.engine != "sim":
             workers += await start_rollout_actors(runtime, pool.name, spec, devices)
             continue
-        for rank, device in enumerate(devices):
-            w = InferenceWorker(f"{pool.name}-{rank}", spec.build, hardware=pool.hardware, devices=(device,))
+        for rank in range(len(devices) // tp):  # an engine of TP = k spans k devices (D60)
+            group = tuple(devices[rank * tp:(rank + 1) * tp])
+            w = InferenceWorker(f"{pool.name}-{rank}", spec.build, hardware=pool.hardware, devices=group)
             await w.start()
             workers.append(w)
     return workers
@@ -153,12 +155,16 @@ async def start_trainer(config: RunConfig, model: ModelSpec, placement: Placemen
 
     tc = config.trainer
     if tc.backend == "sim":  # a cost model (design D22): n_params from the model shape, peak from the catalogue
+        from rollart.app.plan import check_trainer_fits
         from rollart.app.sim.trainer import ElasticSimTrainer
         from rollart.resource.hardware import BUILTIN_HARDWARE
 
+        check_trainer_fits(config)  # an infeasible trainer is refused before anything runs (D61)
         devices = len(placement.trainer) if config.pipeline.mode == "sync" else tc.devices
-        return LocalTrainer(ElasticSimTrainer(model.sim_spec().n_params, BUILTIN_HARDWARE[tc.hardware], devices,
-                                              lr=tc.lr))
+        spec = model.sim_spec()
+        return LocalTrainer(ElasticSimTrainer(spec.n_params, BUILTIN_HARDWARE[tc.hardware], devices, lr=tc.lr,
+                                              active_params=spec.n_active_params,
+                                              forward_passes=len(tc.forward_passes)))
     if tc.placement == "driver":
         from rollart.app.actors import release_megatron_parallel_state
 

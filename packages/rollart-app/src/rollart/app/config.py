@@ -94,7 +94,7 @@ class TimeSharingSection(_Strict):
 ENGINES = ("torch", "vllm", "sim")
 TRAINER_BACKENDS = ("torch", "megatron", "sim")
 CHANNELS = ("local", "torch_dist", "mooncake", "sim")
-SIM_MODELS = ("Qwen3-8B", "Qwen3-32B")
+SIM_MODELS = ("Qwen3-8B", "Qwen3-32B", "Qwen3-30B-A3B", "Qwen3-235B-A22B")
 DTYPES = ("float32", "bfloat16", "float16")
 PROMPT_STYLES = ("auto", "demo", "chat_template")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -155,8 +155,8 @@ class ModelSection(_Strict):
     """Tiny model: MLP width (ignored with `path`)."""
     max_positions: int = Field(128, ge=16)
     """Tiny model: maximum sequence length (ignored with `path`)."""
-    sim_model: Literal["Qwen3-8B", "Qwen3-32B"] | None = None
-    """A simulated model's shape for `engine: sim` / `trainer.backend: sim` (parameters, layers, KV heads; design D22)."""
+    sim_model: Literal["Qwen3-8B", "Qwen3-32B", "Qwen3-30B-A3B", "Qwen3-235B-A22B"] | None = None
+    """A simulated model's shape for `engine: sim` / `trainer.backend: sim` (parameters, layers, KV heads, experts; design D22, D60)."""
 
     @model_validator(mode="after")
     def _checkpoint(self) -> ModelSection:
@@ -190,6 +190,18 @@ class RolloutPool(_Strict):
     """Extra keyword arguments for the engine (e.g. vLLM options)."""
     max_num_seqs: int = Field(16, ge=1)
     """Sequences one worker decodes together."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """Devices one engine spans (tensor parallelism): weights and KV split over them; `devices` is a multiple of it (design D60)."""
+
+    @model_validator(mode="after")
+    def _tp_groups(self) -> RolloutPool:
+        if self.devices % self.tensor_parallel_size:
+            raise ValueError(f"devices must be a multiple of tensor_parallel_size={self.tensor_parallel_size} "
+                             f"(one engine per {self.tensor_parallel_size} devices), got {self.devices}")
+        if self.tensor_parallel_size > 1 and self.engine == "torch":
+            raise ValueError(f"tensor_parallel_size: engine 'torch' runs on one device; got {self.tensor_parallel_size} "
+                             "(allowed: 1, or engine 'vllm' / 'sim')")
+        return self
 
 
 class RolloutSection(_Strict):
@@ -269,6 +281,14 @@ class TrainerSection(_Strict):
     """Gradient clipping norm."""
     micro_batch_size: int = Field(64, ge=1)
     """Sequences per forward/backward pass; gradients accumulate exactly over the batch."""
+    forward_passes: list[Literal["old_policy", "reference"]] = Field(default_factory=lambda: ["old_policy", "reference"])
+    """Forward-only passes of the RL step that `backend: sim` prices (design D61): `old_policy` (recomputed log-probs of the sampling policy), `reference` (the reference model's, for a KL term); `[]` for neither."""
+
+    @model_validator(mode="after")
+    def _forward_passes_once(self) -> TrainerSection:
+        if len(set(self.forward_passes)) != len(self.forward_passes):
+            raise ValueError(f"trainer.forward_passes: each pass at most once (allowed: old_policy, reference), got {self.forward_passes}")
+        return self
 
     @model_validator(mode="before")
     @classmethod

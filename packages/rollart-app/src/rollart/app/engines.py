@@ -25,6 +25,7 @@ class EngineSpec:
     hardware: str
     max_num_seqs: int = 16
     engine_args: dict[str, Any] = field(default_factory=dict)
+    tensor_parallel_size: int = 1
 
     def build(self) -> Any:
         """Construct the engine (loads weights for torch and vllm; sim holds none)."""
@@ -44,7 +45,8 @@ class EngineSpec:
             from rollart.proxy.sim_engine import SimEngine
             from rollart.resource.hardware import BUILTIN_HARDWARE
 
-            return SimEngine(self.model.sim_spec(), BUILTIN_HARDWARE[self.hardware], max_num_seqs=self.max_num_seqs, **args)
+            return SimEngine(self.model.sim_spec(), BUILTIN_HARDWARE[self.hardware], max_num_seqs=self.max_num_seqs,
+                             tensor_parallel_size=self.tensor_parallel_size, **args)
         from rollart.app.registry import resolve
 
         factory = resolve("engine", self.kind).obj

@@ -91,11 +91,10 @@ class ModelSpec:
 
     def sim_spec(self) -> Any:
         """The shape SimEngine's roofline model needs, read from the config (no weights are built)."""
-        from rollart.proxy.sim_engine import QWEN3_8B, QWEN3_32B, SimModelSpec
+        from rollart.proxy.sim_engine import SIM_MODEL_SPECS, SimModelSpec
 
-        presets = {"Qwen3-8B": QWEN3_8B, "Qwen3-32B": QWEN3_32B}
         if self.sim_model is not None:
-            return presets[self.sim_model]
+            return SIM_MODEL_SPECS[self.sim_model]
         c = self.hf_config()
         heads = c.num_attention_heads
         kv_heads = getattr(c, "num_key_value_heads", None) or heads

@@ -25,12 +25,14 @@ from rollart.scheduler.errors import ConfigError
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GB = 1e9
 ASSUMPTIONS = (
-    "rollout: one full weight replica per worker (no tensor parallelism); KV cache for max_num_seqs "
+    "rollout: per device, 1/tensor_parallel_size of a weight replica; KV cache (split by KV heads) for max_num_seqs "
     "sequences at the full context (engine_args.max_model_len, else the model's max positions): a worst case",
     "trainer torch: DDP, nothing sharded: weights + grads + AdamW's two moments, all in the model dtype",
     "trainer megatron: bf16 mixed precision with the distributed optimizer: weights (dtype) + fp32 main grads "
     "replicated, fp32 master weights + Adam moments (12 B/param) sharded over trainer.devices",
-    "not counted: activations, CUDA context, allocator fragmentation (the estimate is a lower bound)",
+    "trainer sim (a preset model): rollart-train's sharded minimum, 18 B/param over trainer.devices + one sequence's "
+    "activations at the longest max_context_tokens; a trainer over 90% of HBM is refused",
+    "not counted (torch, megatron): activations; everywhere: CUDA context, allocator fragmentation (a lower bound)",
 )
 
 
@@ -50,11 +52,19 @@ class ModelShape:
     tie_word_embeddings: bool
     qkv_bias: bool
     dtype: str
+    n_params: int | None = None  # a simulated model's published count (its MoE experts are not in the dense formula)
 
 
 def model_shape(config: RunConfig) -> ModelShape:
     """Read the shape of the configured model (config.json of a checkpoint, else the tiny demo Llama)."""
     m = config.model
+    if m.sim_model is not None:  # a simulated model: the published shape of the preset (D60)
+        from rollart.proxy.sim_engine import SIM_MODEL_SPECS
+
+        s = SIM_MODEL_SPECS[m.sim_model]
+        return ModelShape(f"simulated {s.name}", s.vocab_size, s.hidden_size, s.n_layers, s.n_heads or s.n_kv_heads,
+                          s.n_kv_heads, s.head_dim, 0, max(t.max_context_tokens for t in config.tasks), False, False,
+                          "bfloat16", n_params=int(s.n_params))
     if m.path is None:
         from rollart.app.tasks import VOCAB
 
@@ -85,6 +95,8 @@ def model_shape(config: RunConfig) -> ModelShape:
 
 def param_count(shape: ModelShape) -> int:
     """Parameters of a Llama/Qwen2-style decoder: embeddings, GQA attention, gated MLP, RMSNorms, lm_head unless tied."""
+    if shape.n_params is not None:
+        return shape.n_params
     h, q_out, kv_out = shape.hidden_size, shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
     attention = h * q_out + 2 * h * kv_out + q_out * h + ((q_out + 2 * kv_out) if shape.qkv_bias else 0)
     mlp = 3 * h * shape.intermediate_size
@@ -108,11 +120,12 @@ class DeviceMemory:
     grads: int = 0
     optimizer: int = 0
     hbm: int = 0
+    activations: int = 0
 
     @property
     def total(self) -> int:
         """Everything counted."""
-        return self.weights + self.kv_cache + self.grads + self.optimizer
+        return self.weights + self.kv_cache + self.grads + self.optimizer + self.activations
 
     @property
     def over(self) -> bool:
@@ -191,11 +204,13 @@ def _hbm(hardware: str) -> int:
     return int(BUILTIN_HARDWARE[hardware].hbm_gb * GB)
 
 
-def rollout_memory(shape: ModelShape, max_num_seqs: int, max_context: int, hardware: str) -> DeviceMemory:
-    """One rollout worker: full weights in the model dtype + KV cache for max_num_seqs x max_context tokens."""
+def rollout_memory(shape: ModelShape, max_num_seqs: int, max_context: int, hardware: str, tp: int = 1) -> DeviceMemory:
+    """One device of a rollout engine over `tp` devices: its share of the weights in the model dtype + of the KV
+    cache for max_num_seqs x max_context tokens (KV split by heads, so at most num_kv_heads ways; D60)."""
     # deps: param_count, kv_bytes_per_token
-    weights = param_count(shape) * DTYPE_BYTES[shape.dtype]
-    return DeviceMemory(weights=weights, kv_cache=kv_bytes_per_token(shape) * max_num_seqs * max_context, hbm=_hbm(hardware))
+    weights = -(-param_count(shape) * DTYPE_BYTES[shape.dtype] // tp)
+    kv = -(-kv_bytes_per_token(shape) * max_num_seqs * max_context // min(tp, shape.num_kv_heads))
+    return DeviceMemory(weights=weights, kv_cache=kv, hbm=_hbm(hardware))
 
 
 def trainer_memory(shape: ModelShape, backend: str, devices: int, hardware: str) -> DeviceMemory:
@@ -211,6 +226,34 @@ def trainer_memory(shape: ModelShape, backend: str, devices: int, hardware: str)
     if backend == "torch":
         return DeviceMemory(weights=n * b, grads=n * b, optimizer=2 * n * b, hbm=_hbm(hardware))
     return DeviceMemory(weights=n * b, grads=4 * n, optimizer=-(-12 * n // devices), hbm=_hbm(hardware))
+
+
+def sim_trainer_memory(config: RunConfig) -> Any:
+    """rollart-train's memory model (its D24) of a simulated trainer of a preset model; None for any other trainer.
+
+    Devices: `trainer.devices` (in `sync` mode at most the rollout devices it is colocated on); context:
+    the longest `tasks[].max_context_tokens`."""
+    # deps: trainer_memory
+    if config.trainer.backend != "sim" or config.model.sim_model is None:
+        return None
+    from rollart.proxy.sim_engine import SIM_MODEL_SPECS
+    from rollart.resource.hardware import BUILTIN_HARDWARE
+    from rollart.train.sim_memory import trainer_memory as sharded_memory
+
+    spec = SIM_MODEL_SPECS[config.model.sim_model]
+    t = config.trainer
+    devices = min(t.devices, config.rollout.devices) if config.pipeline.mode == "sync" else t.devices
+    context = max(task.max_context_tokens for task in config.tasks)
+    return sharded_memory(spec.name, spec.n_params, spec.n_layers, spec.hidden_size, spec.vocab_size, context, devices,
+                          BUILTIN_HARDWARE[t.hardware])
+
+
+def check_trainer_fits(config: RunConfig) -> None:
+    """Refuse a simulated trainer that cannot hold its model (D61): a ConfigError naming the shortfall."""
+    # deps: sim_trainer_memory
+    memory = sim_trainer_memory(config)
+    if memory is not None and not memory.fits:
+        raise ConfigError(f"{memory.shortfall()} (set trainer.devices or trainer.hardware)")
 
 
 def routing_table(config: RunConfig) -> list[RoutePlan]:
@@ -272,9 +315,15 @@ def make_plan(config: RunConfig, base_dir: Path | None = None, tokenizer: Any = 
         origin = engine_origin(pool.engine, base_dir, field=f"rollout.pools.{i}.engine")
         context = int(pool.engine_args.get("max_model_len") or shape.max_positions)
         pools.append(PoolPlan(pool.name, pool.hardware, pool.devices, pool.engine, origin, pool.max_num_seqs, context,
-                              rollout_memory(shape, pool.max_num_seqs, context, pool.hardware)))
+                              rollout_memory(shape, pool.max_num_seqs, context, pool.hardware, pool.tensor_parallel_size)))
     t = config.trainer
+    check_trainer_fits(config)
     trainer = TrainerPlan(t.backend, t.placement, t.devices, t.hardware, trainer_memory(shape, t.backend, t.devices, t.hardware))
+    sim = sim_trainer_memory(config)
+    if sim is not None:  # the simulated trainer's sharded states and activations (rollart-train D24)
+        trainer = TrainerPlan(t.backend, t.placement, sim.devices, t.hardware, DeviceMemory(
+            weights=int(sim.weights), grads=int(sim.grads), optimizer=int(sim.optimizer), hbm=trainer.memory.hbm,
+            activations=int(sim.activations)))
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config)
     tasks = []
     for i, task in enumerate(config.tasks):

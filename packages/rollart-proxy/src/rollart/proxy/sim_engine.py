@@ -40,11 +40,19 @@ class HardwareLike(Protocol):
     """Device memory in GB: weights plus KV must fit, so it sets the engine's KV capacity in tokens."""
     hbm_tbps: float
     """Memory bandwidth in TB/s (> 0, checked by `SimEngine`): the memory roof of decode."""
+    interconnect_gbps: float
+    """Intra-node interconnect (NVLink) in GB/s: the ring all-reduces of a tensor-parallel engine (D45)."""
 
 
 @dataclass(frozen=True)
 class SimModelSpec:
-    """The shape of the simulated model: enough to count FLOPs and bytes."""
+    """The shape of the simulated model: enough to count FLOPs and bytes.
+
+    A mixture-of-experts model (D44) sets ``n_active_params`` (parameters one token goes through),
+    ``n_experts`` and ``experts_per_token``: memory holds all ``n_params``, FLOPs count the active ones,
+    and a decode step reads the shared weights plus the experts its batch touches. ``n_heads`` x
+    ``head_dim`` is the attention width (0 heads: ``hidden_size``, the earlier assumption).
+    """
 
     name: str
     n_params: float
@@ -54,11 +62,41 @@ class SimModelSpec:
     head_dim: int
     bytes_per_param: float = 2.0
     vocab_size: int = 32000
+    n_heads: int = 0
+    n_active_params: float | None = None
+    n_experts: int = 0
+    experts_per_token: int = 0
 
     @property
     def weight_bytes(self) -> float:
-        """Bytes of weights read by every decode step."""
+        """Bytes of all weights (memory; what a weight update moves)."""
         return self.n_params * self.bytes_per_param
+
+    @property
+    def active_params(self) -> float:
+        """Parameters one token goes through: ``n_params`` for a dense model, the active ones for MoE."""
+        return self.n_params if self.n_active_params is None else self.n_active_params
+
+    @property
+    def expert_params(self) -> float:
+        """Parameters of all routed experts (0 for a dense model): total - active = (E - k) x one expert's."""
+        if self.n_experts <= self.experts_per_token or self.n_active_params is None:
+            return 0.0
+        return (self.n_params - self.n_active_params) * self.n_experts / (self.n_experts - self.experts_per_token)
+
+    @property
+    def attention_width(self) -> int:
+        """Query heads x head dim: the width of the attention scores' FLOPs."""
+        return self.n_heads * self.head_dim if self.n_heads else self.hidden_size
+
+    def touched_weight_bytes(self, tokens: int) -> float:
+        """Weight bytes one forward over ``tokens`` tokens reads: shared weights plus the experts the tokens
+        route to, in expectation under uniform routing: each expert is missed by all with (1 - k/E)^tokens."""
+        experts = self.expert_params
+        if not experts:
+            return self.weight_bytes
+        missed = (1.0 - self.experts_per_token / self.n_experts) ** max(tokens, 1)
+        return (self.n_params - experts * missed) * self.bytes_per_param
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -66,9 +104,19 @@ class SimModelSpec:
         return 2.0 * self.n_layers * self.n_kv_heads * self.head_dim * self.bytes_per_param
 
 
-QWEN3_8B = SimModelSpec("Qwen3-8B", 8.2e9, 36, 4096, 8, 128, vocab_size=151936)
-QWEN3_32B = SimModelSpec("Qwen3-32B", 32.8e9, 64, 5120, 8, 128, vocab_size=151936)
+# Published configs (Hugging Face config.json of each Qwen3 release): layers, hidden, heads, KV heads, head
+# dim, experts; parameter counts from the model cards (total / active).
+QWEN3_8B = SimModelSpec("Qwen3-8B", 8.2e9, 36, 4096, 8, 128, vocab_size=151936, n_heads=32)
+QWEN3_32B = SimModelSpec("Qwen3-32B", 32.8e9, 64, 5120, 8, 128, vocab_size=151936, n_heads=64)
+QWEN3_30B_A3B = SimModelSpec("Qwen3-30B-A3B", 30.5e9, 48, 2048, 4, 128, vocab_size=151936, n_heads=32,
+                             n_active_params=3.3e9, n_experts=128, experts_per_token=8)
+QWEN3_235B_A22B = SimModelSpec("Qwen3-235B-A22B", 235e9, 94, 4096, 4, 128, vocab_size=151936, n_heads=64,
+                               n_active_params=22e9, n_experts=128, experts_per_token=8)
 TINY_SIM_MODEL = SimModelSpec("tiny", 1.0e6, 2, 64, 2, 16, bytes_per_param=4.0, vocab_size=384)
+SIM_MODEL_SPECS: Mapping[str, SimModelSpec] = {
+    m.name: m for m in (QWEN3_8B, QWEN3_32B, QWEN3_30B_A3B, QWEN3_235B_A22B)
+}
+"""The simulated models `model.sim_model` names (rollart-app's `SIM_MODELS` lists the same keys)."""
 
 
 def lookup_hardware(name: str) -> HardwareLike:
@@ -83,7 +131,12 @@ def lookup_hardware(name: str) -> HardwareLike:
 
 @dataclass(frozen=True)
 class RooflineModel:
-    """Step times from FLOPs over compute and bytes over memory bandwidth (design doc formulas)."""
+    """Step times from FLOPs over compute and bytes over memory bandwidth (design doc formulas).
+
+    Times are per engine of ``tp`` devices (D45): FLOPs, weight bytes and KV bytes split over the
+    group (KV by heads, so at most ``n_kv_heads`` ways), plus two ring all-reduces per layer of the
+    step's tokens x hidden activations over ``interconnect_gbps``, not overlapped with compute.
+    """
 
     model: SimModelSpec
     tflops: float
@@ -91,30 +144,49 @@ class RooflineModel:
     mfu: float = 0.5
     mbu: float = 0.7
     step_overhead_s: float = 0.002
+    tp: int = 1
+    interconnect_gbps: float = 400.0
+    collective_latency_s: float = 1e-5
+
+    def _kv_split(self) -> int:
+        return min(self.tp, self.model.n_kv_heads)
+
+    def allreduce_seconds(self, tokens: int) -> float:
+        """2 L ring all-reduces of tokens x hidden x bytes: 2 (k-1)/k x size / bandwidth + latency each; 0 at TP 1."""
+        k = self.tp
+        if k == 1:
+            return 0.0
+        m = self.model
+        size = tokens * m.hidden_size * m.bytes_per_param
+        return 2 * m.n_layers * (2.0 * (k - 1) / k * size / (self.interconnect_gbps * 1e9) + self.collective_latency_s)
+
+    def _seconds(self, flops: float, bytes_moved: float, tokens: int) -> float:
+        k = self.tp
+        return self.step_overhead_s + self.allreduce_seconds(tokens) + max(
+            bytes_moved / (k * self.hbm_tbps * 1e12 * self.mbu), flops / (k * self.tflops * 1e12 * self.mfu))
 
     def prefill_seconds(self, new_tokens: int, cached_tokens: int) -> float:
-        """t = overhead + (2 P n + 4 L d n (c + n/2)) / (F * mfu)."""
-        m = self.model
-        flops = 2.0 * m.n_params * new_tokens + 4.0 * m.n_layers * m.hidden_size * new_tokens * (
-            cached_tokens + new_tokens / 2.0
-        )
-        return self.step_overhead_s + flops / (self.tflops * 1e12 * self.mfu)
+        """t = overhead + AR + max((W_touched + kv c) / (k B mbu), (2 P_a n + 4 L a n (c + n/2)) / (k F mfu))."""
+        return self.prefill_batch_seconds([(new_tokens, cached_tokens)])
 
     def prefill_batch_seconds(self, seqs: list[tuple[int, int]]) -> float:
         """One batched prefill of (new, cached) token counts: one overhead, and each sequence's attention
-        over its own context only (sequences of a batch never attend to each other)."""
+        over its own context only (sequences of a batch never attend to each other). The weights the
+        batch touches are read once (D46: a short prefill is memory-bound, not free)."""
         m = self.model
-        flops = sum(2.0 * m.n_params * n + 4.0 * m.n_layers * m.hidden_size * n * (c + n / 2.0) for n, c in seqs)
-        return self.step_overhead_s + flops / (self.tflops * 1e12 * self.mfu)
+        width = m.attention_width
+        new = sum(n for n, _ in seqs)
+        flops = 2.0 * m.active_params * new + sum(4.0 * m.n_layers * width * n * (c + n / 2.0) for n, c in seqs)
+        kv = m.kv_bytes_per_token * self.tp / self._kv_split()
+        bytes_moved = m.touched_weight_bytes(new) + kv * sum(c for _, c in seqs)
+        return self._seconds(flops, bytes_moved, new)
 
     def decode_seconds(self, batch: int, context_tokens: int) -> float:
-        """t = overhead + max((W + kv * C) / (B_hbm * mbu), (2 P b + 4 L d C) / (F * mfu))."""
+        """t = overhead + AR + max((W_touched + kv C) / (k B mbu), (2 P_a b + 4 L a C) / (k F mfu))."""
         m = self.model
-        bytes_moved = m.weight_bytes + m.kv_bytes_per_token * context_tokens
-        flops = 2.0 * m.n_params * batch + 4.0 * m.n_layers * m.hidden_size * context_tokens
-        return self.step_overhead_s + max(
-            bytes_moved / (self.hbm_tbps * 1e12 * self.mbu), flops / (self.tflops * 1e12 * self.mfu)
-        )
+        bytes_moved = m.touched_weight_bytes(batch) + m.kv_bytes_per_token * self.tp / self._kv_split() * context_tokens
+        flops = 2.0 * m.active_params * batch + 4.0 * m.n_layers * m.attention_width * context_tokens
+        return self._seconds(flops, bytes_moved, batch)
 
 
 class _TokenStream:
@@ -228,12 +300,15 @@ class SimEngine:
         host_link_gbs: float = 25.0,
         seed: int = 0,
         version: int = 0,
+        tensor_parallel_size: int = 1,
     ) -> None:
         """``time_scale`` multiplies every sleep (0 = only yield; virtual-clock runs keep 1.0).
 
         ``prefix_cache_tokens`` caps the prefix cache (D17); None lets it use every KV token the
         running sequences do not reserve. ``decode_quantum_s`` > 0 lets one ``step`` decode several
         tokens while nothing finishes, up to that much modelled time (D19); 0 = one token per step.
+        ``tensor_parallel_size`` k: the engine spans k devices of ``hardware`` (D45): weights and KV
+        split over them, two all-reduces per layer over the interconnect.
         """
         # VAL: VAL_POSITIVE(hardware.tflops_bf16, exc=ProxyError)
         check.positive("hardware.tflops_bf16", hardware.tflops_bf16, exc=ProxyError)  # generated #7b34f29d4e
@@ -245,10 +320,18 @@ class SimEngine:
         check.positive("host_link_gbs", host_link_gbs, exc=ProxyError)  # generated #0245fa17d2
         # VAL: VAL_INT_RANGE(max_num_seqs, min=1, max=1 << 20, exc=ProxyError)
         check.int_range("max_num_seqs", max_num_seqs, min=1, max=1 << 20, exc=ProxyError)  # generated #48ff99fd2d
+        # VAL: VAL_INT_RANGE(tensor_parallel_size, min=1, max=1024, exc=ProxyError)
+        check.int_range("tensor_parallel_size", tensor_parallel_size, min=1, max=1024, exc=ProxyError)  # generated #021bb0f163
+        # AST: AST_PRECONDITION(model.weight_bytes / tensor_parallel_size < hardware.hbm_gb * 1e9 * kv_fraction, got=(model.name, hardware.name, tensor_parallel_size), msg="the weights' share of one device fits its usable HBM (raise tensor_parallel_size)", exc=ProxyError)
+        check.precondition(model.weight_bytes / tensor_parallel_size < hardware.hbm_gb * 1e9 * kv_fraction, "the weights' share of one device fits its usable HBM (raise tensor_parallel_size)", got=(model.name, hardware.name, tensor_parallel_size), exc=ProxyError)  # generated #0f1a12de38
         self.model = model
         self.hardware = hardware
-        self.roofline = RooflineModel(model, hardware.tflops_bf16, hardware.hbm_tbps, mfu, mbu, step_overhead_s)
-        self.kv_capacity_tokens = int((hardware.hbm_gb * 1e9 * kv_fraction - model.weight_bytes) // model.kv_bytes_per_token)
+        self.tensor_parallel_size = tensor_parallel_size
+        self.roofline = RooflineModel(model, hardware.tflops_bf16, hardware.hbm_tbps, mfu, mbu, step_overhead_s,
+                                      tp=tensor_parallel_size, interconnect_gbps=hardware.interconnect_gbps)
+        kv_per_device = model.kv_bytes_per_token / min(tensor_parallel_size, model.n_kv_heads)
+        free_per_device = hardware.hbm_gb * 1e9 * kv_fraction - model.weight_bytes / tensor_parallel_size
+        self.kv_capacity_tokens = int(free_per_device // kv_per_device)
         # VAL: VAL_POSITIVE(self.kv_capacity_tokens, exc=ProxyError)
         check.positive("kv_capacity_tokens", self.kv_capacity_tokens, exc=ProxyError)  # generated #e570f973e5
         # AST: AST_PRECONDITION(prefix_cache_tokens is None or (isinstance(prefix_cache_tokens, int) and prefix_cache_tokens >= 0), got=prefix_cache_tokens, msg="prefix_cache_tokens is None or an integer >= 0", exc=ProxyError)
@@ -470,12 +553,12 @@ class SimEngine:
             self._offloaded = True
             self._prefix_cache.clear()
             self._cached_tokens = 0
-            await self._sleep(self.model.weight_bytes / (self._host_link_gbs * 1e9))
+            await self._sleep(self.model.weight_bytes / (self.tensor_parallel_size * self._host_link_gbs * 1e9))
 
     async def reload(self) -> None:
         """Simulate copying weights back to the device."""
         if self._offloaded:
-            await self._sleep(self.model.weight_bytes / (self._host_link_gbs * 1e9))
+            await self._sleep(self.model.weight_bytes / (self.tensor_parallel_size * self._host_link_gbs * 1e9))
             self._offloaded = False
 
     async def load_weights(self, weights: Mapping[str, Any], version: int) -> None:
@@ -490,7 +573,7 @@ class SimEngine:
         check.precondition(version != self._version or same_payload(self._weights_digest, weights), "the version served now is re-sent only with the payload loaded under it (publish changed weights under a new version)", got=version, exc=ProxyError)  # generated #edc8c1ab9e
         if version == self._version:
             return  # an identical re-send
-        await self._sleep(self.model.weight_bytes / (self._host_link_gbs * 1e9))
+        await self._sleep(self.model.weight_bytes / (self.tensor_parallel_size * self._host_link_gbs * 1e9))
         self._version = version
         self._weights_digest = weights_digest(weights)
         self._prefix_cache.clear()

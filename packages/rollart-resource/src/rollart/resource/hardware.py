@@ -134,6 +134,16 @@ class HardwareCatalogue:
         check.precondition(self._specs.get(spec.name, spec) == spec, "a hardware name is registered with one spec only", got=spec.name, exc=ResourceError)  # generated #efa3e709ba
         self._specs[spec.name] = spec
 
+    def cost_per_hour(self, devices: Mapping[str, int]) -> float:
+        """Relative cost of holding `devices` (hardware name -> count) for an hour, in H800-hours (D34)."""
+        # deps: HardwareCatalogue.get
+        total = 0.0
+        for name, count in devices.items():
+            # VAL: VAL_INT_RANGE(count, min=0, max=1 << 20, exc=ResourceError)
+            check.int_range("count", count, min=0, max=1 << 20, exc=ResourceError)  # generated #238fbc01ff
+            total += self.get(name).cost * count
+        return total
+
     def names(self) -> tuple[str, ...]:
         """The known type names, sorted, for messages and CLIs."""
         # deps: none

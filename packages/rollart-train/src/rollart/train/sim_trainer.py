@@ -46,8 +46,13 @@ class TrainStepCost:
 
 
 def train_step_cost(n_params: float, tokens: int, devices: int, hardware: HardwareSpec, *, mfu: float = 0.4,
-                    grad_bytes_per_param: float = 2.0) -> TrainStepCost:
-    """6 P T / (n F mfu) plus a ring all-reduce of the gradients over the hardware's collective bandwidth (D14)."""
+                    grad_bytes_per_param: float = 2.0, active_params: float | None = None,
+                    forward_passes: int = 0) -> TrainStepCost:
+    """(6 + 2 f) P_a T / (n F mfu) plus a ring all-reduce of the gradients over the hardware's collective bandwidth.
+
+    D14; D25: ``forward_passes`` f forward-only passes before the update (old-policy and reference
+    log-probs), and P_a the parameters a token goes through (``active_params``: MoE; default all).
+    The all-reduce moves the gradients of all ``n_params``."""
     # deps: HardwareSpec.collective_gbps
     # VAL: VAL_POSITIVE(n_params, exc=TrainError)
     check.positive("n_params", n_params, exc=TrainError)  # generated #3b1a3e238f
@@ -59,7 +64,12 @@ def train_step_cost(n_params: float, tokens: int, devices: int, hardware: Hardwa
     check.precondition(0.0 < mfu <= 1.0, "mfu in (0, 1]", got=mfu, exc=TrainError)  # generated #e4b0c47fe1
     # VAL: VAL_POSITIVE(grad_bytes_per_param, exc=TrainError)
     check.positive("grad_bytes_per_param", grad_bytes_per_param, exc=TrainError)  # generated #6d924f018f
-    compute = 6.0 * n_params * tokens / (devices * hardware.tflops_bf16 * 1e12 * mfu)
+    # VAL: VAL_INT_RANGE(forward_passes, min=0, max=16, exc=TrainError)
+    check.int_range("forward_passes", forward_passes, min=0, max=16, exc=TrainError)  # generated #58b3f7c02e
+    # AST: AST_PRECONDITION(active_params is None or 0 < active_params <= n_params, got=active_params, msg="active_params in (0, n_params]", exc=TrainError)
+    check.precondition(active_params is None or 0 < active_params <= n_params, "active_params in (0, n_params]", got=active_params, exc=TrainError)  # generated #1bcdc3e20c
+    active = n_params if active_params is None else active_params
+    compute = (6.0 + 2.0 * forward_passes) * active * tokens / (devices * hardware.tflops_bf16 * 1e12 * mfu)
     allreduce = 0.0
     if devices > 1:
         grad_bytes = n_params * grad_bytes_per_param
@@ -86,15 +96,18 @@ class SimTrainer:
 
     def __init__(self, n_params: float, hardware: HardwareSpec, devices: int, *, mfu: float = 0.4,
                  grad_bytes_per_param: float = 2.0, weight_bytes_per_param: float = 2.0, lr: float = 1e-6,
-                 version: int = 0) -> None:
-        """Check the figures once (a bad one fails here, not at the first step)."""
+                 version: int = 0, active_params: float | None = None, forward_passes: int = 0) -> None:
+        """Check the figures once (a bad one fails here, not at the first step); MoE and forward passes per D25."""
         # deps: train_step_cost
         # VAL: VAL_INT_RANGE(version, min=0, max=2**62, exc=TrainError)
         check.int_range("version", version, min=0, max=2**62, exc=TrainError)  # generated #f5ac0a70a8
         # VAL: VAL_POSITIVE(weight_bytes_per_param, exc=TrainError)
         check.positive("weight_bytes_per_param", weight_bytes_per_param, exc=TrainError)  # generated #696ab961fd
-        train_step_cost(n_params, 0, devices, hardware, mfu=mfu, grad_bytes_per_param=grad_bytes_per_param)
+        train_step_cost(n_params, 0, devices, hardware, mfu=mfu, grad_bytes_per_param=grad_bytes_per_param,
+                        active_params=active_params, forward_passes=forward_passes)
         self.n_params = n_params
+        self.active_params = active_params
+        self.forward_passes = forward_passes
         self.hardware = hardware
         self.devices = devices
         self.mfu = mfu
@@ -116,9 +129,14 @@ class SimTrainer:
     def step_cost(self, batch: TrainBatch) -> TrainStepCost:
         """The modelled cost of a step on `batch` (its real tokens)."""
         # deps: train_step_cost
-        tokens = int(batch.attention_mask.sum())
-        return train_step_cost(self.n_params, tokens, self.devices, self.hardware, mfu=self.mfu,
-                               grad_bytes_per_param=self.grad_bytes_per_param)
+        return self.cost_on(int(batch.attention_mask.sum()), self.devices)
+
+    def cost_on(self, tokens: int, devices: int) -> TrainStepCost:
+        """The modelled cost of a step of `tokens` real tokens on `devices` devices (this trainer's figures)."""
+        # deps: train_step_cost
+        return train_step_cost(self.n_params, tokens, devices, self.hardware, mfu=self.mfu,
+                               grad_bytes_per_param=self.grad_bytes_per_param, active_params=self.active_params,
+                               forward_passes=self.forward_passes)
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """Bookkeeping of one step at once; `step_s` reports the modelled time (no wait)."""

@@ -19,6 +19,8 @@ What a run reports (`RunResult`), over the iterations after `warmup`:
     aborted          ABORTED by the pipeline (staleness, redundancy, one_off/sync drops)
     failed           FAILED (env crash, LLM error); timeouts = failed on a deadline
     switch_s         mean time-sharing switch cost per iteration (shrink + expand)
+    cost_per_hour    the run's devices x the catalogue's relative cost (H800 = 1.0, H20 = 1/2.85), per hour
+    cost             cost_per_hour x the window, in H800-hours; tokens_per_cost: response tokens per H800-hour
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ class RunResult:
     alpha: int
     seen: int = 0  # trajectories the envs handed to the buffer (each is in exactly one bucket above)
     trained_tokens_per_s: float = 0.0  # response tokens of the trained batches per second (D66)
+    cost_per_hour: float = 0.0  # the run's devices (rollout + trainer, each once) x catalogue cost, H800 = 1.0 (D62)
+    cost: float = 0.0  # cost_per_hour x the measured window, in H800-hours
+    tokens_per_cost: float = 0.0  # response tokens of the window per H800-hour
     history: list[dict[str, Any]] = field(default_factory=list)
     timeline: list[dict[str, Any]] = field(default_factory=list)
 
@@ -77,10 +82,11 @@ class RunResult:
 
 
 def _engine_busy(workers: list[Any]) -> float:
+    """Device-seconds the engines were busy: an engine of TP = k keeps k devices busy (D60)."""
     total = 0.0
     for w in workers:
         stats = getattr(getattr(w, "engine", None), "stats", None) or {}
-        total += float(stats.get("prefill_s", 0.0)) + float(stats.get("decode_s", 0.0))
+        total += (float(stats.get("prefill_s", 0.0)) + float(stats.get("decode_s", 0.0))) * max(len(w.devices), 1)
     return total
 
 
@@ -140,18 +146,33 @@ async def simulate_run(config: RunConfig, name: str, warmup: int = 0,
     span = max(t_end - snapshots["t"], 1e-9)
     n_roll = len(pipe.parts.rollout_devices)
     n_train = trainer.devices
+    tokens_per_s = sum(r["tokens_per_s"] * r["step_time_s"] for r in window) / span
+    cost_per_hour = _cost_per_hour(pipe.parts)
     return RunResult(
         name=name, iterations=len(history), virtual_s=t_end, wall_s=0.0,
         iteration_s=sum(r["step_time_s"] for r in window) / len(window),
         rollout_s=sum(r["get_batch_s"] for r in window) / len(window),
-        tokens_per_s=sum(r["tokens_per_s"] * r["step_time_s"] for r in window) / span,
+        tokens_per_s=tokens_per_s,
         trained_tokens_per_s=sum(r["trained_tokens"] for r in window) / span,
+        cost_per_hour=cost_per_hour, cost=cost_per_hour * span / 3600.0,
+        tokens_per_cost=tokens_per_s * 3600.0 / cost_per_hour if cost_per_hour else 0.0,
         util_rollout=(busy_end - snapshots["busy"]) / (n_roll * span),
         util_train=(train_end - snapshots["train"]) / (n_train * span),
         switch_s=sum(r["switch_cost_s"] for r in window) / len(window),
         rollout_devices=n_roll, train_devices=n_train,
         staleness_max=max(r["staleness_max"] for r in history), alpha=config.pipeline.alpha,
         seen=seen, history=history, timeline=timeline, **counts)
+
+
+def _cost_per_hour(parts: Any) -> float:
+    """The catalogue's relative cost of every device the run holds, rollout and trainer, each counted once (D62)."""
+    from collections import Counter
+
+    from rollart.resource.hardware import HardwareCatalogue
+
+    hardware = parts.placement.hardware
+    held = set(parts.rollout_devices) | set(parts.train_devices)
+    return HardwareCatalogue().cost_per_hour(Counter(hardware[d] for d in held))
 
 
 async def _cancel_leftovers() -> None:
@@ -209,6 +230,7 @@ def run_scenario(scenario: Scenario, on_iteration: Callable[[str, dict[str, Any]
 
 
 COLUMNS = [("iteration_s", "iter s", "{:.1f}"), ("rollout_s", "batch wait s", "{:.1f}"), ("tokens_per_s", "tok/s", "{:,.0f}"), ("util_rollout", "rollout util", "{:.0%}"),
+           ("cost_per_hour", "cost/h", "{:.2f}"), ("tokens_per_cost", "tok/cost", "{:,.0f}"),
            ("util_train", "train util", "{:.0%}"), ("collected", "collected", "{}"), ("aborted", "aborted", "{}"),
            ("failed", "failed", "{}"), ("timeouts", "timeouts", "{}"), ("switch_s", "switch s", "{:.2f}"),
            ("staleness_max", "max stale", "{}"), ("wall_s", "wall s", "{:.1f}")]

@@ -186,6 +186,12 @@ class Scenario(_Strict):
                               f"(trainer.backend: sim, engine: sim) (run {run.name!r})")
         if config.cluster.uses_ray:
             raise ConfigError(f"config.cluster.ray: a simulation runs in one process; use ray: none (run {run.name!r})")
+        from rollart.app.plan import check_trainer_fits
+
+        try:
+            check_trainer_fits(config)  # every run's trainer fits before the first run starts (D61)
+        except ConfigError as err:
+            raise ConfigError(f"config.{err} (run {run.name!r})") from None
         return config
 
 

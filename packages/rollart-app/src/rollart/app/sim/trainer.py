@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollart.train.sim_trainer import SimTrainer, TrainStepCost, train_step_cost
+from rollart.train.sim_trainer import SimTrainer, TrainStepCost
 
 
 class ElasticSimTrainer(SimTrainer):
@@ -29,6 +29,4 @@ class ElasticSimTrainer(SimTrainer):
 
     def step_cost(self, batch: Any) -> TrainStepCost:
         """The cost model over `devices + len(lent)` devices."""
-        tokens = int(batch.attention_mask.sum())
-        return train_step_cost(self.n_params, tokens, self.devices + len(self.lent), self.hardware, mfu=self.mfu,
-                               grad_bytes_per_param=self.grad_bytes_per_param)
+        return self.cost_on(int(batch.attention_mask.sum()), self.devices + len(self.lent))
