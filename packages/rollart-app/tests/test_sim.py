@@ -21,7 +21,7 @@ from rollart.app.sim.scenario import parse_scenario
 from rollart.proxy.sim_engine import QWEN3_8B, RooflineModel
 from rollart.resource.hardware import BUILTIN_HARDWARE
 from rollart.scheduler.buffer import BUFFERED, CONSUMED, group_task
-from rollart.scheduler.errors import ConfigError
+from rollart.scheduler.errors import ConfigError, SchedulerError
 from rollart.sync.sim import transfer_seconds
 from rollart.train.sim_trainer import train_step_cost
 
@@ -346,25 +346,28 @@ def test_the_simulation_collects_less_often_and_restores_the_process_settings():
 
 
 def test_static_search_keeps_the_best_feasible_layout_under_the_budget_and_runs_each_once():
-    """App D67. A layout the trainer-memory model refuses (app D61) is listed with its reason and never best;
-    no layout runs twice; time-sharing is searched as its static counterpart (async)."""
+    """App D67. Trainers below the memory model's floor (app D61: 3 H800 here) are not run; a layout refused
+    while it runs is listed with its reason and never best; no layout runs twice; time-sharing is searched as
+    its static counterpart (async)."""
     from rollart.app.sim.runner import run_one as real_run
     from rollart.app.sim.search import search_spec, search_static
 
     spec = parse_scenario(scenario(iterations=3, runs=[{"name": "ts", "set": {"pipeline.mode": "time_sharing"}}],
-                                   search={"budget_devices": 8, "granularity": 1, "coarse": 3, "refine": 2}))
+                                   search={"budget_devices": 10, "granularity": 1, "coarse": 4, "refine": 2}))
     seen: list[str] = []
 
     def run(sc, run_spec):
         seen.append(json.dumps(run_spec.set, sort_keys=True))
         assert sc.iterations == 3 and run_spec.set["pipeline.mode"] == "async"
+        if run_spec.set["rollout.pools"][0]["devices"] == 1:  # stands in for a refusal during the run
+            raise SchedulerError("rollout: one device cannot serve the batch (stand-in)")
         return real_run(sc, run_spec)
 
     found = search_static(spec, search_spec(spec, "static"), run=run)
     assert len(seen) == len(set(seen)) == len(found.candidates) >= 3
-    assert all(c.devices <= 8 for c in found.candidates)
+    assert all(3 <= c.train_devices and c.devices <= 10 for c in found.candidates)
     refused = [c for c in found.candidates if c.infeasible]
-    assert refused and all("short" in c.infeasible and c is not found.best for c in refused)  # 1 H800 cannot train it
+    assert refused and all("stand-in" in c.infeasible and c is not found.best for c in refused)
     ok = [c for c in found.candidates if c.feasible]
     assert found.best is not None and found.best.result.iteration_s == min(c.result.iteration_s for c in ok)
     assert found.row()["best"]["run"]["iteration_s"] == found.best.result.iteration_s
@@ -377,11 +380,10 @@ def test_static_search_under_a_cost_budget_prices_each_hardware():
     options = search_spec(spec, "static", budget_cost=6.0, rollout_hardware=["H20"], granularity=1, coarse=3, refine=0,
                           metric="trained_tokens_per_s")
     found = search_static(spec, options)
-    # t H800 trainers (1.0 each) leave 6 - t for H20 at 1/2.85 each: 1 -> 14, 3 -> 8, 5 -> 2
-    assert sorted((c.train_devices, c.rollout["h20"]) for c in found.candidates) == [(1, 14), (3, 8), (5, 2)]
-    assert all(c.cost <= 6.0 + 1e-9 for c in found.candidates)
-    ok = [c for c in found.candidates if c.feasible]
-    assert found.best.result.trained_tokens_per_s == max(c.result.trained_tokens_per_s for c in ok)
+    # t H800 trainers (1.0 each, at least 3 hold the model) leave 6 - t for H20 at 1/2.85 each: 3 -> 8, 4 -> 5, 5 -> 2
+    assert sorted((c.train_devices, c.rollout["h20"]) for c in found.candidates) == [(3, 8), (4, 5), (5, 2)]
+    assert all(c.cost <= 6.0 + 1e-9 and c.feasible for c in found.candidates)
+    assert found.best.result.trained_tokens_per_s == max(c.result.trained_tokens_per_s for c in found.candidates)
 
 
 @pytest.mark.parametrize("over, field", [
@@ -408,3 +410,25 @@ def test_rollart_sim_search_static_cli(tmp_path):
     assert best["devices"] <= 4 and best["run"]["iteration_s"] > 0
     out = CliRunner().invoke(app, ["sim", str(path), "--search", "dynamic"])
     assert out.exit_code == 2 and "--search" in out.output and "static" in out.output
+
+
+def test_a_time_shared_trainer_fits_with_the_devices_it_always_borrows():
+    """App D69 / scheduler D59: on the blog's model the trainer's own 32 H800 cannot hold Qwen3-235B-A22B at 64K
+    (at least 72), so a static 32-device trainer is refused, while time-sharing borrows the 40 it lacks every step."""
+    from pathlib import Path
+
+    from rollart.app.plan import required_lend
+    from rollart.app.sim.scenario import RunSpec, load_scenario
+
+    root = Path(__file__).resolve().parents[3]
+    spec = load_scenario(root / "examples" / "scenarios" / "timesharing.yaml")
+    shared = {r.name: spec.run_config(r) for r in spec.runs}
+    assert required_lend(shared["timesharing_cost_aware"]) == required_lend(shared["timesharing_always_shrink"]) == 40
+    assert required_lend(shared["static_128train_32rollout"]) == 0
+    with pytest.raises(ConfigError, match="at least 72 devices"):
+        spec.run_config(RunSpec(name="static32", set={"pipeline.mode": "async", "trainer.devices": 32,
+                                                      "rollout.pools.0.devices": 128}))
+    with pytest.raises(ConfigError, match="at least 72 devices"):  # lending 8 of 128 is not enough either
+        spec.run_config(RunSpec(name="ts8", set={"pipeline.mode": "time_sharing", "trainer.devices": 32,
+                                                 "rollout.pools.0.devices": 128, "time_sharing.policy": "always_shrink",
+                                                 "time_sharing.lend": 8}))

@@ -99,9 +99,14 @@ def layout(data: dict[str, Any], rollout_budget: float, hardware: str, by_cost: 
     and drops the affinity (there is one hardware type left to route to).
     """
     pools = data["rollout"]["pools"]
+
+    def whole(n: float, pool: dict[str, Any]) -> int:  # devices come in tensor-parallel groups
+        tp = int(pool.get("tensor_parallel_size") or 1)
+        return math.floor(n / tp + 1e-9) * tp
+
     if hardware != AS_BASE:
         one = {**pools[0], "name": hardware.lower(), "hardware": hardware}
-        n = math.floor(rollout_budget / costs[hardware] + 1e-9) if by_cost else int(rollout_budget)
+        n = whole(rollout_budget / costs[hardware] if by_cost else rollout_budget, one)
         if n < 1:
             return None
         return [{**one, "devices": n}], {"affinity": {}}
@@ -109,14 +114,17 @@ def layout(data: dict[str, Any], rollout_budget: float, hardware: str, by_cost: 
     out = []
     for p, w in zip(pools, weights):
         share = rollout_budget * w / sum(weights)
-        n = math.floor(share / costs[p["hardware"]] + 1e-9) if by_cost else math.floor(share + 1e-9)
+        n = whole(share / costs[p["hardware"]] if by_cost else share, p)
         if n < 1:
             return None
         out.append({**p, "devices": n})
-    if not by_cost:  # whole devices: hand what flooring left to the first pools
+    if not by_cost:  # whole devices: hand what flooring left to the pools, a tensor-parallel group at a time
         spare = int(rollout_budget) - sum(p["devices"] for p in out)
-        for i in range(spare):
-            out[i % len(out)]["devices"] += 1
+        for p in out:
+            tp = int(p.get("tensor_parallel_size") or 1)
+            while spare >= tp:
+                p["devices"] += tp
+                spare -= tp
     return out, dict(data.get("routing") or {})
 
 
@@ -156,6 +164,16 @@ def search_spec(scenario: Scenario, kind: str | None, **options: Any) -> StaticS
     if spec.base is not None and spec.base not in [r.name for r in scenario.runs]:
         raise ConfigError(f"search.base: no run named {spec.base!r}; allowed: {[r.name for r in scenario.runs]}")
     return spec
+
+
+def _least_trainer(scenario: Scenario, base: RunSpec) -> int | None:
+    """The fewest trainer devices that hold the model (app D61's memory model), or None when it has no floor."""
+    from rollart.app.plan import sim_trainer_memory
+
+    config = scenario.run_config(base)
+    static = config.model_copy(update={"pipeline": config.pipeline.model_copy(update={"mode": "async"})})
+    memory = sim_trainer_memory(static)
+    return getattr(memory, "min_devices", None)
 
 
 def search_static(scenario: Scenario, spec: StaticSearch,
@@ -227,6 +245,9 @@ def search_static(scenario: Scenario, spec: StaticSearch,
         return max(ok, key=lambda c: score(spec.metric, c.result)) if ok else None
 
     lo = min(spec.granularity, hi) if not sync else 0
+    least = _least_trainer(scenario, base)  # the memory model's floor: smaller trainers are refused without a run
+    if least and not sync:
+        lo = max(lo, min(hi, math.ceil(least / spec.granularity) * spec.granularity))
     grid = [0] if sync else train_grid(lo, hi, spec.coarse, spec.granularity)
     for hardware in spec.rollout_hardware:
         for t in grid:
