@@ -126,3 +126,28 @@ def test_every_row_reports_its_cost_and_tokens_per_cost(mode):
     assert r.cost == pytest.approx(expected * window / 3600, rel=1e-6)
     assert r.tokens_per_cost == pytest.approx(r.tokens_per_s * 3600 / expected)
     assert r.tokens_per_cost > 0 and {"cost_per_hour", "cost", "tokens_per_cost"} <= set(r.row())
+
+
+@pytest.mark.parametrize(("name", "groups"), [
+    ("fig4_hardware", [("frozenlake_2xH800", "frozenlake_6xH20"), ("gemmath_2xH800", "gemmath_6xH20")]),
+    ("fig11a_affinity", [("h800_only", "h20_only", "mixed_affinity", "mixed_6xH800_9xH20")]),
+])
+def test_equal_cost_scenarios_are_equal_cost(name, groups):
+    """D63: the runs a figure compares hold rollout devices of equal cost (within 6%: the paper's own 2 H800 vs 6 H20 differ by 5%), same trainer."""
+    from pathlib import Path
+
+    from rollart.app.sim.scenario import load_scenario
+    from rollart.resource.hardware import HardwareCatalogue
+
+    root = Path(__file__).resolve().parents[3]
+    spec = load_scenario(root / "examples" / "scenarios" / f"{name}.yaml")
+    configs = {r.name: spec.run_config(r) for r in spec.runs}
+    for group in groups:
+        costs = []
+        for run in group:
+            pools: dict[str, int] = {}
+            for p in configs[run].rollout.pools:
+                pools[p.hardware] = pools.get(p.hardware, 0) + p.devices
+            costs.append(HardwareCatalogue().cost_per_hour(pools))
+        assert max(costs) / min(costs) < 1.06, (group, costs)
+        assert len({(configs[r].trainer.devices, configs[r].trainer.hardware) for r in group}) == 1

@@ -148,22 +148,23 @@ class RooflineModel:
     interconnect_gbps: float = 400.0
     collective_latency_s: float = 1e-5
 
-    def _kv_split(self) -> int:
-        return min(self.tp, self.model.n_kv_heads)
+    def __post_init__(self) -> None:
+        """Fold the per-step constants once: `decode_seconds` runs once per modelled decode step (a hot path)."""
+        m, k = self.model, self.tp
+        const = object.__setattr__  # a frozen dataclass: derived figures, not fields (equality ignores them)
+        const(self, "_byte_s", 1.0 / (k * self.hbm_tbps * 1e12 * self.mbu))
+        const(self, "_flop_s", 1.0 / (k * self.tflops * 1e12 * self.mfu))
+        const(self, "_kv", m.kv_bytes_per_token * k / min(k, m.n_kv_heads))  # KV bytes over the group, per token
+        const(self, "_attn", 4.0 * m.n_layers * m.attention_width)
+        const(self, "_dense", 2.0 * m.active_params)
+        const(self, "_moe", bool(m.expert_params))
+        ar_token = 2 * m.n_layers * 2.0 * (k - 1) / k * m.hidden_size * m.bytes_per_param / (self.interconnect_gbps * 1e9)
+        const(self, "_ar_token", ar_token if k > 1 else 0.0)
+        const(self, "_ar_fixed", 2 * m.n_layers * self.collective_latency_s if k > 1 else 0.0)
 
     def allreduce_seconds(self, tokens: int) -> float:
         """2 L ring all-reduces of tokens x hidden x bytes: 2 (k-1)/k x size / bandwidth + latency each; 0 at TP 1."""
-        k = self.tp
-        if k == 1:
-            return 0.0
-        m = self.model
-        size = tokens * m.hidden_size * m.bytes_per_param
-        return 2 * m.n_layers * (2.0 * (k - 1) / k * size / (self.interconnect_gbps * 1e9) + self.collective_latency_s)
-
-    def _seconds(self, flops: float, bytes_moved: float, tokens: int) -> float:
-        k = self.tp
-        return self.step_overhead_s + self.allreduce_seconds(tokens) + max(
-            bytes_moved / (k * self.hbm_tbps * 1e12 * self.mbu), flops / (k * self.tflops * 1e12 * self.mfu))
+        return self._ar_fixed + self._ar_token * tokens
 
     def prefill_seconds(self, new_tokens: int, cached_tokens: int) -> float:
         """t = overhead + AR + max((W_touched + kv c) / (k B mbu), (2 P_a n + 4 L a n (c + n/2)) / (k F mfu))."""
@@ -173,20 +174,18 @@ class RooflineModel:
         """One batched prefill of (new, cached) token counts: one overhead, and each sequence's attention
         over its own context only (sequences of a batch never attend to each other). The weights the
         batch touches are read once (D46: a short prefill is memory-bound, not free)."""
-        m = self.model
-        width = m.attention_width
         new = sum(n for n, _ in seqs)
-        flops = 2.0 * m.active_params * new + sum(4.0 * m.n_layers * width * n * (c + n / 2.0) for n, c in seqs)
-        kv = m.kv_bytes_per_token * self.tp / self._kv_split()
-        bytes_moved = m.touched_weight_bytes(new) + kv * sum(c for _, c in seqs)
-        return self._seconds(flops, bytes_moved, new)
+        flops = self._dense * new + self._attn * sum(n * (c + n / 2.0) for n, c in seqs)
+        bytes_moved = self.model.touched_weight_bytes(new) + self._kv * sum(c for _, c in seqs)
+        return self.step_overhead_s + self._ar_fixed + self._ar_token * new + max(bytes_moved * self._byte_s,
+                                                                                  flops * self._flop_s)
 
     def decode_seconds(self, batch: int, context_tokens: int) -> float:
         """t = overhead + AR + max((W_touched + kv C) / (k B mbu), (2 P_a b + 4 L a C) / (k F mfu))."""
-        m = self.model
-        bytes_moved = m.touched_weight_bytes(batch) + m.kv_bytes_per_token * self.tp / self._kv_split() * context_tokens
-        flops = 2.0 * m.active_params * batch + 4.0 * m.n_layers * m.attention_width * context_tokens
-        return self._seconds(flops, bytes_moved, batch)
+        weights = self.model.touched_weight_bytes(batch) if self._moe else self.model.weight_bytes
+        return self.step_overhead_s + self._ar_fixed + self._ar_token * batch + max(
+            (weights + self._kv * context_tokens) * self._byte_s,
+            (self._dense * batch + self._attn * context_tokens) * self._flop_s)
 
 
 class _TokenStream:
