@@ -432,3 +432,39 @@ def test_a_time_shared_trainer_fits_with_the_devices_it_always_borrows():
         spec.run_config(RunSpec(name="ts8", set={"pipeline.mode": "time_sharing", "trainer.devices": 32,
                                                  "rollout.pools.0.devices": 128, "time_sharing.policy": "always_shrink",
                                                  "time_sharing.lend": 8}))
+
+
+def _paper_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "scripts" / "bench" / "paper.py"
+    spec = importlib.util.spec_from_file_location("paper_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_paper_table_reads_one_metric_per_figure_and_every_search_is_valid():
+    """App D66/D68: step time for the figures (Fig 12a read the batch wait before), trained tokens/s for time-sharing
+    (tokens/s counted discarded tokens before); every figure has a valid static search or says why it has none."""
+    from rollart.app.sim.scenario import load_scenario
+    from rollart.app.sim.search import search_spec
+
+    paper = _paper_module()
+    row = {"iteration_s": 100.0, "rollout_s": 10.0, "tokens_per_s": 1000.0, "trained_tokens_per_s": 500.0}
+    runs = [{**row, "name": "batch_sigma10"}, {**row, "name": "trajectory_sigma10", "iteration_s": 50.0, "rollout_s": 9.0}]
+    assert paper.gains("fig12a_env_interaction", {"runs": runs}) == [("trajectory_sigma10", 2.0, None)]
+    ts = [{**row, "name": "static_128train_32rollout"},
+          {**row, "name": "timesharing_cost_aware", "tokens_per_s": 9000.0, "trained_tokens_per_s": 750.0}]
+    best = {"best": {"name": "static x", "run": {**row, "trained_tokens_per_s": 600.0}}}
+    (name, over_base, over_best), = paper.gains("timesharing", {"runs": ts, "best_static": best})
+    assert (name, over_base, over_best) == ("timesharing_cost_aware", 1.5, 1.25)
+    root = paper.ROOT / "examples" / "scenarios"
+    for name, *_ in paper.EXPERIMENTS:
+        h = paper.HEADLINE[name]
+        assert ("search" in h) != ("no_search" in h), name
+        spec = load_scenario(root / f"{name}.yaml")
+        assert {h["baseline"], *h["policies"]} <= {r.name for r in spec.runs}, name
+        if "search" in h:
+            assert search_spec(spec, "static", **paper.search_options(name, spec)).base in {r.name for r in spec.runs}
