@@ -63,7 +63,7 @@ HEADLINE: dict[str, dict] = {
                     "search": {"base": "alpha1", "granularity": 2, "coarse": 4, "refine": 1}},
     "fig11a_affinity": {"metric": "step", "paper": 1.37, "baseline": "h800_only", "policies": ["mixed_affinity", "mixed_6xH800_9xH20"],
                         "search": {"base": "mixed_affinity", "budget": "cost", "rollout_hardware": ["H800", "H20"],
-                                   "granularity": 4, "coarse": 3, "refine": 1}},
+                                   "granularity": 4, "coarse": 2, "refine": 0}},
     "fig10_modes": {"metric": "step", "paper": 2.05, "baseline": "sync", "policies": ["one_off", "async"],
                     "search": {"base": "one_off", "granularity": 2, "coarse": 4, "refine": 1}},
     "fig10_modes_32b": {"metric": "step", "paper": 2.05, "baseline": "sync", "policies": ["one_off", "async"],
@@ -73,7 +73,7 @@ HEADLINE: dict[str, dict] = {
     "timesharing": {"metric": "trained", "paper": 3.5, "baseline": "static_128train_32rollout",
                     "policies": ["timesharing_cost_aware", "timesharing_always_shrink"],
                     "search": {"base": "static_128train_32rollout", "metric": "trained_tokens_per_s", "granularity": 8,
-                               "coarse": 2, "refine": 1}},
+                               "coarse": 2, "refine": 0}},
 }
 
 
@@ -231,6 +231,8 @@ def render(cache: dict, notes: dict[str, str]) -> str:
             out.append(f"| {name} | {fig}: {claim} | not run | not run | | {notes.get(name, '')} |")
             continue
         over_base, over_best = headline_cells(name, cache[name])
+        if any("cost_per_hour" not in r for r in cache[name]["runs"]):  # rows from before issue 22's cost model
+            over_base += " (**stale**: cached before issue 22's cost model; not re-run yet)"
         plot = f"![{name}](img/paper_{name}.png)" if (IMG / f"paper_{name}.png").exists() else ""
         out.append(f"| `{name}` | {fig}: {claim} | {over_base} | {over_best} | {plot} | {notes.get(name, '')} |")
     out += ["", "## Every run", ""]
