@@ -63,7 +63,7 @@ HEADLINE: dict[str, dict] = {
                     "search": {"base": "alpha1", "granularity": 2, "coarse": 4, "refine": 1}},
     "fig11a_affinity": {"metric": "step", "paper": 1.37, "baseline": "h800_only", "policies": ["mixed_affinity", "mixed_6xH800_9xH20"],
                         "search": {"base": "mixed_affinity", "budget": "cost", "rollout_hardware": ["H800", "H20"],
-                                   "granularity": 4, "coarse": 2, "refine": 0}},
+                                   "granularity": 4, "coarse": 4, "refine": 1}},
     "fig10_modes": {"metric": "step", "paper": {"async": 2.05}, "baseline": "sync", "policies": ["one_off", "async"],
                     "search": {"base": "one_off", "granularity": 2, "coarse": 4, "refine": 1}},
     "fig10_modes_32b": {"metric": "step", "paper": {"async": 2.05}, "baseline": "sync", "policies": ["one_off", "async"],

@@ -205,7 +205,9 @@ def search_static(scenario: Scenario, spec: StaticSearch,
     base_devices = sum(p["devices"] for p in data["rollout"]["pools"]) + (0 if sync else data["trainer"]["devices"])
     budget = spec.budget_cost if by_cost else float(spec.budget_devices or base_devices)
     unit = costs[t_hw] if by_cost else 1.0
-    hi = 0 if sync else math.floor((budget - min(costs.values()) if by_cost else budget - 1) / unit + 1e-9)
+    hardware_tried = {p["hardware"] for p in data["rollout"]["pools"]} | (set(spec.rollout_hardware) - {AS_BASE})
+    cheapest = min(costs[h] for h in hardware_tried)  # the largest trainer leaves one rollout device of this
+    hi = 0 if sync else math.floor((budget - cheapest if by_cost else budget - 1) / unit + 1e-9)
     if not sync and hi < 1:
         raise ConfigError(f"search.budget: {budget} cannot hold one trainer device and one rollout device")
     out = SearchResult(spec, base_name)
