@@ -153,16 +153,17 @@ def run(names: list[str], search: bool = True, runs: bool = True, only_runs: lis
             print(f"  {name}/{run}: iteration {rec['iteration']} at {rec['t_end']:.0f} virtual s "
                   f"({time.perf_counter() - t0:.0f} s wall)", file=sys.stderr, flush=True)
 
-        if runs:
-            results = run_scenario(spec, progress, only=only_runs or None)
+        # --run: one run at a time, each row kept as soon as it is done (a long run lost nothing before it)
+        for subset in ([[n] for n in only_runs] if only_runs else [None]) if runs else []:
+            results = run_scenario(spec, progress, only=subset)
             cache = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}  # another invocation may have written
-            rows = {r["name"]: r for r in cache.get(name, {}).get("runs", [])} if only_runs else {}
+            rows = {r["name"]: r for r in cache.get(name, {}).get("runs", [])} if subset else {}
             rows.update({r.name: r.row() for r in results})  # --run: replace these runs, keep the others
             cache[name] = {**cache.get(name, {}), "paper": spec.paper,
                            "runs": [rows[r.name] for r in spec.runs if r.name in rows]}
             RESULTS.parent.mkdir(parents=True, exist_ok=True)
             RESULTS.write_text(json.dumps(cache, indent=1))  # kept before the search starts
-            if name == "timesharing" and not only_runs:
+            if name == "timesharing" and not subset:
                 plot_roles(results, TIMELINE, title="time-sharing vs static split (virtual time, 160 H800)")
             if name == "timesharing":
                 for r in results:  # one role timeline per run
@@ -263,7 +264,7 @@ def render(cache: dict, notes: dict[str, str]) -> str:
 def plot_all(cache: dict) -> None:
     """Per figure, bars of the paper's ratio, ours over the paper's baseline and ours over the best static layout."""
     for name, *_ in EXPERIMENTS:
-        if name in cache and name in HEADLINE:
+        if name in cache and name in HEADLINE and gains(name, cache[name]):
             plot_figure(name, cache[name])
 
 
