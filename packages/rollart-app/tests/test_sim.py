@@ -21,7 +21,7 @@ from rollart.app.sim.scenario import parse_scenario
 from rollart.proxy.sim_engine import QWEN3_8B, RooflineModel
 from rollart.resource.hardware import BUILTIN_HARDWARE
 from rollart.scheduler.buffer import BUFFERED, CONSUMED, group_task
-from rollart.scheduler.errors import ConfigError
+from rollart.scheduler.errors import ConfigError, SchedulerError
 from rollart.sync.sim import transfer_seconds
 from rollart.train.sim_trainer import train_step_cost
 
@@ -113,6 +113,21 @@ def test_every_trajectory_is_accounted_once_and_the_bound_holds(mode, alpha, gro
     assert r.seen == r.collected + r.aborted + r.failed + r.in_buffer  # each trajectory in exactly one bucket
     assert r.staleness_max <= alpha
     assert all(h["trajectories"] == 8 and h["staleness_max"] <= alpha for h in r.history)
+    generated = sum(h["tokens_per_s"] * h["step_time_s"] for h in r.history)
+    assert 0 < sum(h["trained_tokens"] for h in r.history) <= generated + 1e-6  # trained ones were generated first
+
+
+def test_trained_tokens_count_only_the_batches_and_exclude_discarded_rollouts():
+    """Scheduler D58 / app D66: the time-sharing metric. Redundant groups (2x) are generated and then
+    discarded, so the trained-token rate is below the generated one; before, only the generated one existed."""
+    spec = parse_scenario(scenario(iterations=4, pipeline={"redundancy": 2.0}))
+    r = run_one(spec, spec.runs[0])
+    assert r.aborted > 0
+    assert 0 < r.trained_tokens_per_s < r.tokens_per_s
+    window = r.history[spec.warmup:]
+    span = r.virtual_s - r.history[spec.warmup - 1]["t_end"]
+    assert r.trained_tokens_per_s == pytest.approx(sum(h["trained_tokens"] for h in window) / span)
+    assert all(h["trained_tokens"] >= h["trajectories"] for h in r.history)  # every trajectory answered once or more
 
 
 @pytest.mark.parametrize("mode", ["async", "one_off"])
@@ -328,3 +343,128 @@ def test_the_simulation_collects_less_often_and_restores_the_process_settings():
             raise RuntimeError("a run that fails")
     assert gc.get_threshold() == before
     assert gc.get_freeze_count() == 0
+
+
+def test_static_search_keeps_the_best_feasible_layout_under_the_budget_and_runs_each_once():
+    """App D67. Trainers below the memory model's floor (app D61: 3 H800 here) are not run; a layout refused
+    while it runs is listed with its reason and never best; no layout runs twice; time-sharing is searched as
+    its static counterpart (async)."""
+    from rollart.app.sim.runner import run_one as real_run
+    from rollart.app.sim.search import search_spec, search_static
+
+    spec = parse_scenario(scenario(iterations=3, runs=[{"name": "ts", "set": {"pipeline.mode": "time_sharing"}}],
+                                   search={"budget_devices": 10, "granularity": 1, "coarse": 4, "refine": 2}))
+    seen: list[str] = []
+
+    def run(sc, run_spec):
+        seen.append(json.dumps(run_spec.set, sort_keys=True))
+        assert sc.iterations == 3 and run_spec.set["pipeline.mode"] == "async"
+        if run_spec.set["rollout.pools"][0]["devices"] == 1:  # stands in for a refusal during the run
+            raise SchedulerError("rollout: one device cannot serve the batch (stand-in)")
+        return real_run(sc, run_spec)
+
+    found = search_static(spec, search_spec(spec, "static"), run=run)
+    assert len(seen) == len(set(seen)) == len(found.candidates) >= 3
+    assert all(3 <= c.train_devices and c.devices <= 10 for c in found.candidates)
+    refused = [c for c in found.candidates if c.infeasible]
+    assert refused and all("stand-in" in c.infeasible and c is not found.best for c in refused)
+    ok = [c for c in found.candidates if c.feasible]
+    assert found.best is not None and found.best.result.iteration_s == min(c.result.iteration_s for c in ok)
+    assert found.row()["best"]["run"]["iteration_s"] == found.best.result.iteration_s
+
+
+def test_static_search_under_a_cost_budget_prices_each_hardware():
+    from rollart.app.sim.search import search_spec, search_static
+
+    spec = parse_scenario(scenario(iterations=2))
+    options = search_spec(spec, "static", budget_cost=6.0, rollout_hardware=["H20"], granularity=1, coarse=3, refine=0,
+                          metric="trained_tokens_per_s")
+    found = search_static(spec, options)
+    # t H800 trainers (1.0 each, at least 3 hold the model) leave 6 - t for H20 at 1/2.85 each: 3 -> 8, 4 -> 5, 5 -> 2
+    assert sorted((c.train_devices, c.rollout["h20"]) for c in found.candidates) == [(3, 8), (4, 5), (5, 2)]
+    assert all(c.cost <= 6.0 + 1e-9 and c.feasible for c in found.candidates)
+    assert found.best.result.trained_tokens_per_s == max(c.result.trained_tokens_per_s for c in found.candidates)
+
+
+@pytest.mark.parametrize("over, field", [
+    ({"search": {"budget_devices": 1}}, "search.budget_devices"),
+    ({"search": {"budget_devices": 8, "budget_cost": 2}}, "budget_cost"),
+    ({"search": {"rollout_hardware": ["H900"]}}, "H800"),
+    ({"search": {"base": "nope"}}, "search.base"),
+    ({"search": {"metric": "speed"}}, "trained_tokens_per_s"),
+    ({"search": {"coarse": 1}}, "search.coarse"),
+])
+def test_search_section_errors_name_the_field_and_the_allowed_values(over, field):
+    with pytest.raises(ConfigError) as err:
+        parse_scenario(scenario(**over))
+    assert field in str(err.value)
+
+
+def test_rollart_sim_search_static_cli(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(scenario(iterations=2)))
+    out = CliRunner().invoke(app, ["sim", str(path), "--search", "static", "--budget-devices", "4", "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout[out.stdout.index("{"):])
+    best = data["search"]["best"]
+    assert best["devices"] <= 4 and best["run"]["iteration_s"] > 0
+    out = CliRunner().invoke(app, ["sim", str(path), "--search", "dynamic"])
+    assert out.exit_code == 2 and "--search" in out.output and "static" in out.output
+
+
+def test_a_time_shared_trainer_fits_with_the_devices_it_always_borrows():
+    """App D69 / scheduler D59: on the blog's model the trainer's own 32 H800 cannot hold Qwen3-235B-A22B at 64K
+    (at least 72), so a static 32-device trainer is refused, while time-sharing borrows the 40 it lacks every step."""
+    from pathlib import Path
+
+    from rollart.app.plan import required_lend
+    from rollart.app.sim.scenario import RunSpec, load_scenario
+
+    root = Path(__file__).resolve().parents[3]
+    spec = load_scenario(root / "examples" / "scenarios" / "timesharing.yaml")
+    shared = {r.name: spec.run_config(r) for r in spec.runs}
+    assert required_lend(shared["timesharing_cost_aware"]) == required_lend(shared["timesharing_always_shrink"]) == 40
+    assert required_lend(shared["static_128train_32rollout"]) == 0
+    with pytest.raises(ConfigError, match="at least 72 devices"):
+        spec.run_config(RunSpec(name="static32", set={"pipeline.mode": "async", "trainer.devices": 32,
+                                                      "rollout.pools.0.devices": 128}))
+    with pytest.raises(ConfigError, match="at least 72 devices"):  # lending 8 of 128 is not enough either
+        spec.run_config(RunSpec(name="ts8", set={"pipeline.mode": "time_sharing", "trainer.devices": 32,
+                                                 "rollout.pools.0.devices": 128, "time_sharing.policy": "always_shrink",
+                                                 "time_sharing.lend": 8}))
+
+
+def _paper_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "scripts" / "bench" / "paper.py"
+    spec = importlib.util.spec_from_file_location("paper_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_paper_table_reads_one_metric_per_figure_and_every_search_is_valid():
+    """App D66/D68: step time for the figures (Fig 12a read the batch wait before), trained tokens/s for time-sharing
+    (tokens/s counted discarded tokens before); every figure has a valid static search or says why it has none."""
+    from rollart.app.sim.scenario import load_scenario
+    from rollart.app.sim.search import search_spec
+
+    paper = _paper_module()
+    row = {"iteration_s": 100.0, "rollout_s": 10.0, "tokens_per_s": 1000.0, "trained_tokens_per_s": 500.0}
+    runs = [{**row, "name": "batch_sigma10"}, {**row, "name": "trajectory_sigma10", "iteration_s": 50.0, "rollout_s": 9.0}]
+    assert paper.gains("fig12a_env_interaction", {"runs": runs}) == [("trajectory_sigma10", 2.0, None)]
+    ts = [{**row, "name": "static_128train_32rollout"},
+          {**row, "name": "timesharing_cost_aware", "tokens_per_s": 9000.0, "trained_tokens_per_s": 750.0}]
+    best = {"best": {"name": "static x", "run": {**row, "trained_tokens_per_s": 600.0}}}
+    (name, over_base, over_best), = paper.gains("timesharing", {"runs": ts, "best_static": best})
+    assert (name, over_base, over_best) == ("timesharing_cost_aware", 1.5, 1.25)
+    root = paper.ROOT / "examples" / "scenarios"
+    for name, *_ in paper.EXPERIMENTS:
+        h = paper.HEADLINE[name]
+        assert ("search" in h) != ("no_search" in h), name
+        spec = load_scenario(root / f"{name}.yaml")
+        assert {h["baseline"], *h["policies"]} <= {r.name for r in spec.runs}, name
+        if "search" in h:
+            assert search_spec(spec, "static", **paper.search_options(name, spec)).base in {r.name for r in spec.runs}

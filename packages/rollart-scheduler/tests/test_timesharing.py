@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -84,6 +84,28 @@ def test_always_shrink_ignores_cost_but_keeps_one():
     assert pol.decide(state(devices=1)).devices == ()
     with pytest.raises(SchedulerError, match="lend"):
         AlwaysShrinkPolicy(lend=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(devices=st.integers(2, 32), min_lend=st.integers(0, 31), busy=st.integers(0, 200), train=st.sampled_from([None, 1.0]),
+       cost=st.sampled_from([None, 0.0, 100.0]), always=st.booleans())
+def test_both_policies_lend_at_least_what_the_train_step_needs(devices, min_lend, busy, train, cost, always):
+    """D59: a trainer that cannot hold the model alone borrows `min_lend` devices every step, whatever the gain,
+    demand or measurements say; before, cost-aware lent none while nothing was measured (and the step could not run)."""
+    from hypothesis import assume
+
+    assume(min_lend < devices)
+    pol = AlwaysShrinkPolicy(lend=1, min_lend=min_lend) if always else CostAwarePolicy(min_keep=1, min_lend=min_lend)
+    load = {i: busy // devices for i in range(devices)}
+    dec = pol.decide(state(devices=devices, load=load, train=train, cost=cost))
+    assert min_lend <= len(dec.devices) < devices and len(set(dec.devices)) == len(dec.devices)
+
+
+def test_a_pool_that_cannot_lend_what_the_step_needs_fails_naming_it():
+    with pytest.raises(SchedulerError, match="train step needs"):
+        CostAwarePolicy(min_keep=1, min_lend=4).decide(state(devices=4))
+    with pytest.raises(SchedulerError, match="min_lend"):
+        AlwaysShrinkPolicy(lend=1, min_lend=-1)
 
 
 async def test_expand_runs_even_when_train_fails():

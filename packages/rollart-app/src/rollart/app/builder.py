@@ -509,8 +509,12 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
         controller = None
         if pcfg.mode == "time_sharing":
             ts = config.time_sharing
-            policy = (CostAwarePolicy(min_keep=ts.min_keep, margin=ts.margin, prior_switch_cost_s=ts.prior_switch_cost_s)
-                      if ts.policy == "cost_aware" else AlwaysShrinkPolicy(lend=ts.lend))
+            from rollart.app.plan import required_lend
+
+            need = required_lend(config)  # the trainer alone cannot hold the model: every step borrows these (D69)
+            policy = (CostAwarePolicy(min_keep=ts.min_keep, margin=ts.margin, prior_switch_cost_s=ts.prior_switch_cost_s,
+                                      min_lend=need)
+                      if ts.policy == "cost_aware" else AlwaysShrinkPolicy(lend=ts.lend, min_lend=need))
             on_role = timeline.set_role
             elastic = getattr(getattr(trainer, "inner", None), "on_role", None)
             if elastic is not None:  # a simulated trainer trains on the devices lent to it

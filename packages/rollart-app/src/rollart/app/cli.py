@@ -262,6 +262,10 @@ def sim(
     timeline_png: Path | None = typer.Option(None, "--timeline", help="write the device-role timeline of every run to this PNG"),
     only: list[str] = typer.Option([], "--run", help="run only these runs of the scenario (repeatable)"),
     seed: int | None = typer.Option(None, "--seed", min=0, help="run with this seed instead of the scenario's (repeat with others to see the spread)"),
+    search: str | None = typer.Option(None, "--search", help="`static`: search the best feasible static layout under the budget (the scenario's `search:` section, or the options below)"),
+    budget_devices: int | None = typer.Option(None, "--budget-devices", help="--search: trainer + rollout devices, at most"),
+    budget_cost: float | None = typer.Option(None, "--budget-cost", help="--search: trainer + rollout cost per hour (H800 = 1.0), at most"),
+    metric: str | None = typer.Option(None, "--metric", help="--search: step_time (shortest step) or trained_tokens_per_s"),
 ) -> None:
     """`rollart sim SCENARIO.yaml`: the real pipeline with simulated engines, trainer and sync, in virtual time."""
     import json
@@ -276,6 +280,9 @@ def sim(
         raise typer.Exit(code=2) from None
     if seed is not None:  # a result is deterministic per seed; its spread across seeds is what a reader compares
         spec = spec.model_copy(update={"seed": seed})
+    if search is not None or budget_devices is not None or budget_cost is not None or metric is not None:
+        _sim_search(spec, search, budget_devices, budget_cost, metric, as_json)
+        return
     runs = [r for r in spec.runs if not only or r.name in only]
     console = Console(stderr=as_json)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -293,6 +300,41 @@ def sim(
     if timeline_png is not None:
         path = plot_roles(results, timeline_png, title=spec.name)
         console.print(f"timeline: {path}")
+
+
+def _sim_search(spec: Any, search: str | None, budget_devices: int | None, budget_cost: float | None,
+                metric: str | None, as_json: bool) -> None:
+    """`rollart sim --search static`: every candidate as it finishes, then the best feasible layout (app D67)."""
+    import json
+
+    from rollart.app.sim.search import search_spec, search_static
+
+    try:
+        options = search_spec(spec, search, budget_devices=budget_devices, budget_cost=budget_cost, metric=metric)
+    except ConfigError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(code=2) from None
+    console = Console(stderr=as_json)
+
+    def on_candidate(c: Any) -> None:
+        r = c.result
+        what = (f"infeasible: {c.infeasible}" if c.infeasible else
+                f"{r.iteration_s:.1f} s/step, {r.trained_tokens_per_s:,.0f} trained tok/s ({r.wall_s:.0f} s wall)")
+        console.print(f"  {c.name} (cost {c.cost:.1f}): {what}")
+
+    try:
+        found = search_static(spec, options, on_candidate=on_candidate)
+    except ConfigError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(code=2) from None
+    if as_json:
+        typer.echo(json.dumps({"scenario": spec.name, "search": found.row()}, indent=1))
+    elif found.best is None:
+        console.print("no feasible static layout under this budget")
+    else:
+        r = found.best.result
+        console.print(f"best feasible static layout ({options.metric}): {found.best.name}: {r.iteration_s:.1f} s/step, "
+                      f"{r.trained_tokens_per_s:,.0f} trained tok/s, cost {found.best.cost:.1f}")
 
 
 @reward_app.command("serve")

@@ -275,9 +275,32 @@ def sim_trainer_memory(config: RunConfig) -> Any:
     spec = SIM_MODEL_SPECS[config.model.sim_model]
     t = config.trainer
     devices = min(t.devices, config.rollout.devices) if config.pipeline.mode == "sync" else t.devices
+    devices += lendable_devices(config)  # time-sharing: the step may run on lent devices too (D69)
     context = max(task.max_context_tokens for task in config.tasks)
     return sharded_memory(spec.name, spec.n_params, spec.n_layers, spec.hidden_size, spec.vocab_size, context, devices,
                           BUILTIN_HARDWARE[t.hardware])
+
+
+def lendable_devices(config: RunConfig) -> int:
+    """Rollout devices a time-sharing policy can lend to one train step (0 outside `time_sharing`).
+
+    `cost_aware` keeps `min_keep`, `always_shrink` lends at most `lend`; both keep one device."""
+    if config.pipeline.mode != "time_sharing":
+        return 0
+    ts, pool = config.time_sharing, config.rollout.devices
+    most = pool - ts.min_keep if ts.policy == "cost_aware" else min(ts.lend, pool - 1)
+    return max(0, min(most, pool - 1))
+
+
+def required_lend(config: RunConfig) -> int:
+    """Devices every time-shared train step must borrow because the trainer's own cannot hold the model (D69)."""
+    # deps: sim_trainer_memory
+    if config.pipeline.mode != "time_sharing":
+        return 0
+    memory = sim_trainer_memory(config)
+    if memory is None or memory.min_devices is None:
+        return 0
+    return max(0, memory.min_devices - config.trainer.devices)
 
 
 def check_trainer_fits(config: RunConfig) -> None:

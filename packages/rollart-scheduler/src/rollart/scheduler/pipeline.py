@@ -44,6 +44,12 @@ class _Stopped(Exception):
     """A stop request ended the wait for a batch (internal: `run` returns)."""
 
 
+def _response_tokens(traj: Any) -> int:
+    """A trajectory's response tokens (0 for an object that does not count them)."""
+    count = getattr(traj, "num_response_tokens", None)
+    return count() if count is not None else 0
+
+
 class ModelUpdater(Protocol):
     """Moves the trainer's new version to the rollout side (rollart.app.trainers)."""
 
@@ -199,8 +205,7 @@ class Pipeline:
     # ---------------------------------------------------------------- helpers
     def on_trajectory(self, traj: Trajectory) -> None:
         """Buffer observer: count generated tokens (tokens/s counts every trajectory, kept or not)."""
-        count = getattr(traj, "num_response_tokens", None)
-        self._tokens += count() if count is not None else 0
+        self._tokens += _response_tokens(traj)
         self.seen_trajectories += 1
 
     def _roles(self, devices: list[int], role: str) -> None:
@@ -344,6 +349,7 @@ class Pipeline:
             "sync_s": sync["sync_s"],
             "sync_bytes": sync["sync_bytes"],
             "tokens_per_s": (self._tokens - tokens0) / step_s if step_s > 0 else 0.0,
+            "trained_tokens": sum(_response_tokens(t) for t in batch),  # D58: only what the step trained on
             "trajectories": len(batch),
             "aborted": aborted_total - self._seen_aborted,
             "staleness_max": max(version0 - oldest_version(t) for t in batch),  # trained at version0

@@ -139,25 +139,43 @@ def _least_loaded(state: PoolState, k: int) -> tuple[int, ...]:
     return tuple(sorted(order[:k]))
 
 
+def with_required(decision: ShrinkDecision, state: PoolState, min_lend: int) -> ShrinkDecision:
+    """At least `min_lend` devices lent: the trainer's own devices cannot hold the model, so the step needs them (D59).
+
+    Raises:
+        SchedulerError: the pool cannot lend `min_lend` devices and keep one for rollout.
+    """
+    # AST: AST_PRECONDITION(min_lend == 0 or min_lend < len(state.rollout_devices), got=(min_lend, len(state.rollout_devices)), msg="the pool can lend the devices the train step needs and keep one", exc=SchedulerError)
+    check.precondition(min_lend == 0 or min_lend < len(state.rollout_devices), "the pool can lend the devices the train step needs and keep one", got_lazy=lambda: (min_lend, len(state.rollout_devices)), exc=SchedulerError)  # generated #c05776bed2
+    if len(decision.devices) >= min_lend:
+        return decision
+    return ShrinkDecision(_least_loaded(state, min_lend), f"lend {min_lend}: the train step needs them to hold the model "
+                          f"({decision.reason})", decision.expected_gain_s, decision.expected_cost_s)
+
+
 class CostAwarePolicy:
     """Default: lend only when the expected speed-up exceeds the measured switch cost (D6)."""
 
-    def __init__(self, min_keep: int = 1, margin: float = 1.0, prior_switch_cost_s: float = 0.0) -> None:
-        """`prior_switch_cost_s` is used until a switch has been measured."""
+    def __init__(self, min_keep: int = 1, margin: float = 1.0, prior_switch_cost_s: float = 0.0, min_lend: int = 0) -> None:
+        """`prior_switch_cost_s` is used until a switch has been measured; `min_lend` devices are lent whatever
+        the gain, because the trainer alone cannot hold the model (D59)."""
         # VAL: VAL_INT_RANGE(min_keep, min=1, max=1_000_000, exc=SchedulerError)
         check.int_range("min_keep", min_keep, min=1, max=1_000_000, exc=SchedulerError)  # generated #c6b9227e1e
         # VAL: VAL_NON_NEGATIVE(margin, exc=SchedulerError)
         check.non_negative("margin", margin, exc=SchedulerError)  # generated #e083c66960
         # VAL: VAL_NON_NEGATIVE(prior_switch_cost_s, exc=SchedulerError)
         check.non_negative("prior_switch_cost_s", prior_switch_cost_s, exc=SchedulerError)  # generated #7f314dc737
+        # VAL: VAL_INT_RANGE(min_lend, min=0, max=1_000_000, exc=SchedulerError)
+        check.int_range("min_lend", min_lend, min=0, max=1_000_000, exc=SchedulerError)  # generated #4bee7cc1c0
+        self.min_lend = min_lend
         self.min_keep = min_keep
         self.margin = margin
         self.prior_switch_cost_s = prior_switch_cost_s
 
     def decide(self, state: PoolState) -> ShrinkDecision:
-        """Size the lent set from remaining demand; lend iff gain > margin * switch cost."""
-        # deps: demand_devices
-        decision = self._decide(state)
+        """Size the lent set from remaining demand; lend iff gain > margin * switch cost; never fewer than `min_lend`."""
+        # deps: demand_devices, with_required
+        decision = with_required(self._decide(state), state, self.min_lend)
         # AST: AST_POSTCONDITION(len(decision.devices) < len(state.rollout_devices) or not state.rollout_devices, got=decision.devices, msg="never lend the whole pool", exc=SchedulerError)
         check.postcondition(len(decision.devices) < len(state.rollout_devices) or not state.rollout_devices, "never lend the whole pool", got=decision.devices, exc=SchedulerError)  # generated #f374154e53
         return decision
@@ -184,18 +202,22 @@ class CostAwarePolicy:
 class AlwaysShrinkPolicy:
     """ROLL-like baseline: lend a fixed number of devices after every get_batch, cost ignored."""
 
-    def __init__(self, lend: int = 1) -> None:
-        """Lend `lend` devices (capped so at least one stays in rollout)."""
+    def __init__(self, lend: int = 1, min_lend: int = 0) -> None:
+        """Lend `lend` devices (capped so at least one stays in rollout), and never fewer than `min_lend` (D59)."""
         # VAL: VAL_INT_RANGE(lend, min=1, max=1_000_000, exc=SchedulerError)
         check.int_range("lend", lend, min=1, max=1_000_000, exc=SchedulerError)  # generated #0bfd8f6add
+        # VAL: VAL_INT_RANGE(min_lend, min=0, max=1_000_000, exc=SchedulerError)
+        check.int_range("min_lend", min_lend, min=0, max=1_000_000, exc=SchedulerError)  # generated #4bee7cc1c0
         self.lend = lend
+        self.min_lend = min_lend
 
     def decide(self, state: PoolState) -> ShrinkDecision:
         """Lend the `lend` least loaded devices, keeping one for rollout."""
+        # deps: with_required
         k = min(self.lend, len(state.rollout_devices) - 1)
         if k <= 0:
-            return ShrinkDecision((), "pool too small to lend")
-        return ShrinkDecision(_least_loaded(state, k), f"always shrink {k}")
+            return with_required(ShrinkDecision((), "pool too small to lend"), state, self.min_lend)
+        return with_required(ShrinkDecision(_least_loaded(state, k), f"always shrink {k}"), state, self.min_lend)
 
 
 class TimeSharingController:

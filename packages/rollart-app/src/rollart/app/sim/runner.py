@@ -11,6 +11,8 @@ What a run reports (`RunResult`), over the iterations after `warmup`:
     iteration_s      mean step time (get_batch -> train -> sync -> resume)
     rollout_s        mean time waiting for the batch (get_batch)
     tokens_per_s     response tokens generated (kept or not) per second of the window
+    trained_tokens_per_s  response tokens of the batches trained on per second of the window (D66:
+                     the time-sharing figure's metric; discarded and aborted tokens do not count)
     util_rollout     SimEngine busy time (prefill + decode) / (rollout devices x window)
     util_train       train step time x trainer devices (lent included) / (trainer devices x window)
     collected        trajectories consumed by batches (FAILED ones never are)
@@ -64,6 +66,7 @@ class RunResult:
     staleness_max: int
     alpha: int
     seen: int = 0  # trajectories the envs handed to the buffer (each is in exactly one bucket above)
+    trained_tokens_per_s: float = 0.0  # response tokens of the trained batches per second (D66)
     cost_per_hour: float = 0.0  # the run's devices (rollout + trainer, each once) x catalogue cost, H800 = 1.0 (D62)
     cost: float = 0.0  # cost_per_hour x the measured window, in H800-hours
     tokens_per_cost: float = 0.0  # response tokens of the window per H800-hour
@@ -145,7 +148,9 @@ async def simulate_run(config: RunConfig, name: str, warmup: int = 0,
         name=name, iterations=len(history), virtual_s=t_end, wall_s=0.0,
         iteration_s=sum(r["step_time_s"] for r in window) / len(window),
         rollout_s=sum(r["get_batch_s"] for r in window) / len(window),
-        tokens_per_s=tokens_per_s, cost_per_hour=cost_per_hour, cost=cost_per_hour * span / 3600.0,
+        tokens_per_s=tokens_per_s,
+        trained_tokens_per_s=sum(r["trained_tokens"] for r in window) / span,
+        cost_per_hour=cost_per_hour, cost=cost_per_hour * span / 3600.0,
         tokens_per_cost=tokens_per_s * 3600.0 / cost_per_hour if cost_per_hour else 0.0,
         util_rollout=(busy_end - snapshots["busy"]) / (n_roll * span),
         util_train=(train_end - snapshots["train"]) / (n_train * span),

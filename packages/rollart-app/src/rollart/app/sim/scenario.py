@@ -81,6 +81,44 @@ class RunSpec(_Strict):
     set: dict[str, Any] = Field(default_factory=dict)
 
 
+AS_BASE = "as_base"
+
+
+class StaticSearch(_Strict):
+    """A scenario's `search:` section (or `rollart sim --search static`'s options)."""
+
+    base: str | None = None
+    """The run whose config is searched (default: the scenario's first run)."""
+    budget_devices: int | None = Field(None, ge=2)
+    """Trainer plus rollout devices, at most (default: the base run's own total, unless `budget_cost` is set)."""
+    budget_cost: float | None = Field(None, gt=0)
+    """Trainer plus rollout cost per hour in the catalogue's units (H800 = 1.0), at most."""
+    metric: Literal["step_time", "trained_tokens_per_s"] = "step_time"
+    """What "best" means: the shortest mean step, or the most trained response tokens per second."""
+    rollout_hardware: list[str] = Field(default_factory=lambda: [AS_BASE], min_length=1)
+    """Rollout layouts to try: `as_base` (the base's pools, devices scaled in their proportions) or a
+    hardware name (one pool of that type)."""
+    granularity: int = Field(8, ge=1)
+    """Trainer devices move in multiples of this (a node of 8 GPUs by default)."""
+    coarse: int = Field(5, ge=2, le=64)
+    """Points of the first grid over the trainer's share."""
+    refine: int = Field(2, ge=0, le=16)
+    """Rounds at half the spacing around the best point so far."""
+    iterations: int | None = Field(None, ge=2)
+    """Iterations per candidate (default: the scenario's)."""
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> StaticSearch:
+        from rollart.resource.hardware import BUILTIN_HARDWARE
+
+        if self.budget_devices is not None and self.budget_cost is not None:
+            raise ValueError("set one of budget_devices or budget_cost, not both")
+        for hw in self.rollout_hardware:
+            if hw != AS_BASE and hw not in BUILTIN_HARDWARE:
+                raise ValueError(f"rollout_hardware: unknown {hw!r}; allowed: {[AS_BASE, *sorted(BUILTIN_HARDWARE)]}")
+        return self
+
+
 class Scenario(_Strict):
     """A scenario file (see the module docstring)."""
 
@@ -92,6 +130,7 @@ class Scenario(_Strict):
     config: dict[str, Any]
     workload: Workload = Field(default_factory=Workload)
     runs: list[RunSpec] = Field(..., min_length=1)
+    search: StaticSearch | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
@@ -101,6 +140,10 @@ class Scenario(_Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"runs names must be unique, got duplicates {dupes}")
+        if self.search is not None and self.search.base is not None and self.search.base not in names:
+            raise ValueError(f"search.base: no run named {self.search.base!r}; allowed: {names}")
+        if self.search is not None and self.search.iterations is not None and self.search.iterations <= self.warmup:
+            raise ValueError(f"search.iterations must be > warmup={self.warmup}, got {self.search.iterations}")
         return self
 
     def run_config(self, run: RunSpec) -> RunConfig:
