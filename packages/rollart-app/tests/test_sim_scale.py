@@ -22,8 +22,26 @@ ROOT = Path(__file__).resolve().parents[3]
 SCENARIOS = ROOT / "examples" / "scenarios"
 
 
+HEAVY = ("torch", "transformers")
+
+
+def _fresh_modules(tmp_path, *argv: str) -> list[str]:
+    """The heavy libraries (`HEAVY`) a fresh interpreter has imported after running `rollart ARGV`."""
+    code = ("import sys\nfrom rollart.app.cli import app\nsys.argv = ['rollart', *sys.argv[1:]]\n"
+            "try:\n    app()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            f"print('LOADED', sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    loaded = [line for line in out.stdout.splitlines() if line.startswith("LOADED")]
+    assert len(loaded) == 1, out.stdout[-3000:]
+    return loaded[0].split(" ", 1)[1]
+
+
 def test_rollart_sim_imports_no_transformers(tmp_path):
-    """`rollart sim` on a small scenario, in a fresh interpreter: transformers (3 s of imports) stays out (D64)."""
+    """`rollart sim` on a small scenario, in a fresh interpreter: neither transformers (3 s of imports, D64)
+    nor torch (1.5 s, D76) is imported."""
     data = yaml.safe_load((SCENARIOS / "scale_3000.yaml").read_text())
     data["config"]["rollout"]["pools"][0]["devices"] = 2
     data["config"]["rollout"]["pools"][1]["devices"] = 2
@@ -31,15 +49,15 @@ def test_rollart_sim_imports_no_transformers(tmp_path):
     data["config"]["pipeline"].update(batch_size=16, redundancy=1.5)
     path = tmp_path / "small.yaml"
     path.write_text(yaml.safe_dump(data))
-    code = ("import sys\nfrom rollart.app.cli import app\nsys.argv = ['rollart', 'sim', sys.argv[1]]\n"
-            "try:\n    app()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-            "print('LOADED', sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'))\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, env=env, cwd=tmp_path,
-                         timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    loaded = [line for line in out.stdout.splitlines() if line.startswith("LOADED")]
-    assert loaded == ["LOADED []"], loaded
+    assert _fresh_modules(tmp_path, "sim", str(path)) == "[]"
+
+
+def test_rollart_plan_imports_no_torch(tmp_path):
+    """`rollart plan` of a real (torch trainer) config and of a simulated one stays torch-free too (D48, D76)."""
+    sim_config = tmp_path / "sim_config.yaml"
+    sim_config.write_text(yaml.safe_dump(yaml.safe_load((SCENARIOS / "scale_3000.yaml").read_text())["config"]))
+    assert _fresh_modules(tmp_path, "plan", str(ROOT / "examples" / "configs" / "cpu_demo.yaml")) == "[]"
+    assert _fresh_modules(tmp_path, "plan", str(sim_config)) == "[]"
 
 
 def _row(result) -> dict:

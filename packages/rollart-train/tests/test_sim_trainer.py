@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -95,3 +98,28 @@ def test_forward_passes_and_active_parameters_price_the_rl_step():
     assert trainer.cost_on(tokens, 128) == cost
     assert train_step_cost(8.2e9, tokens, 8, H800, forward_passes=1).compute_s == pytest.approx(
         train_step_cost(8.2e9, tokens, 8, H800).compute_s * 8 / 6)
+
+
+def test_the_simulators_train_modules_import_no_torch(tmp_path):
+    """D31: the modules the simulator imports (sim trainer, batch, advantages, state_io) load without torch,
+    and a sim step on plain token counts plus a checkpoint of its version never imports it."""
+    code = (
+        "import sys\n"
+        "import rollart.train.advantages, rollart.train.batch, rollart.train.state_io\n"
+        "from rollart.resource.hardware import BUILTIN_HARDWARE\n"
+        "from rollart.train.sim_trainer import SimTrainer\n"
+        "class Count(int):\n"
+        "    def sum(self):\n"
+        "        return self\n"
+        "class Batch:\n"
+        "    num_sequences, attention_mask, loss_mask = 2, Count(40), Count(10)\n"
+        "t = SimTrainer(1e9, BUILTIN_HARDWARE['H20'], 16)\n"
+        "m = t.train_step(Batch())\n"
+        "t.save_checkpoint(sys.argv[1])\n"
+        "print('TORCH', 'torch' in sys.modules, m['tokens'], m['policy_tokens'])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "ckpt")], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["TORCH", "False", "40.0", "10.0"]

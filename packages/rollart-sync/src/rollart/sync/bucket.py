@@ -9,33 +9,54 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Union
-
-import torch
+from typing import TYPE_CHECKING, Union
 
 from rollart import checks as check
 from rollart.sync.errors import ChecksumMismatchError, SyncValidationError
 
-NamedTensors = Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]]
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported by the functions that touch tensors, not here: `rollart sim` imports this module
+# for its names and must not pay torch's import (D45)
+NamedTensors = Union[Mapping[str, "torch.Tensor"], Iterable[tuple[str, "torch.Tensor"]]]
 """What the trainer hands over: a state dict, or an iterable of (name, tensor) pairs."""
 
 DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
 """32 MiB: large enough to amortise per-call overhead, small enough to fit Mooncake's staging buffer."""
 
-SUPPORTED_DTYPES: dict[str, torch.dtype] = {
-    "float64": torch.float64,
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "int16": torch.int16,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "bool": torch.bool,
-}
+
+class _TorchDtypes(Mapping[str, "torch.dtype"]):
+    """Manifest dtype name -> torch dtype; the names are known without torch, the dtypes looked up on first use (D45)."""
+
+    _NAMES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+
+    def __init__(self) -> None:
+        self._dtypes: dict[str, torch.dtype] | None = None
+
+    def _resolved(self) -> dict[str, torch.dtype]:
+        if self._dtypes is None:
+            import torch
+
+            self._dtypes = {name: getattr(torch, name) for name in self._NAMES}
+        return self._dtypes
+
+    def __getitem__(self, name: str) -> torch.dtype:
+        return self._resolved()[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._NAMES
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._NAMES)
+
+    def __len__(self) -> int:
+        return len(self._NAMES)
+
+
+SUPPORTED_DTYPES: Mapping[str, torch.dtype] = _TorchDtypes()
 """Dtypes a manifest can name (string names keep the manifest plain JSON)."""
 
 MAX_VERSION = 2**62
@@ -152,6 +173,8 @@ def with_checksums(manifest: Manifest, checksums: Sequence[int]) -> Manifest:
 
 def bucket_checksum(buffer: torch.Tensor) -> int:
     """CRC-32 of a flat buffer's bytes: ~6 GB/s here, and it catches every single-bit and burst error."""
+    import torch
+
     flat = buffer.detach()
     if flat.device.type != "cpu":
         flat = flat.cpu()
@@ -185,6 +208,8 @@ def plan_buckets(named: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int) -
 
 
 def _take_spare(spare: list[torch.Tensor], dtype: torch.dtype, numel: int, device: str = "cpu") -> torch.Tensor | None:
+    import torch
+
     for i, candidate in enumerate(spare):
         if candidate.dtype == dtype and candidate.numel() == numel and str(candidate.device) == str(torch.device(device)):
             return spare.pop(i)
@@ -197,6 +222,8 @@ def plan_manifest(named: Sequence[tuple[str, torch.Tensor]], version: int, bucke
     Why apart from the copy: a channel can send the manifest and start moving the first bucket
     while the later ones are still being packed (D41).
     """
+    import torch
+
     names = [n for n, _ in named]
     dtypes = [dtype_name(t.dtype) for _, t in named]
     # VAL: VAL_INT_RANGE(version, min=0, max=MAX_VERSION, exc=SyncValidationError)
@@ -234,6 +261,8 @@ def buffers_for(manifest: Manifest, spare: list[torch.Tensor] | None, device: st
     Why reuse: writing into memory already touched is several times faster than into fresh pages
     (D11, D12). Used spares are removed from the list.
     """
+    import torch
+
     out = []
     for b in manifest.buckets:
         dtype = SUPPORTED_DTYPES[b.dtype]
@@ -273,6 +302,8 @@ def pack_buckets(
 
 def allocate_buffers(manifest: Manifest, device: str = "cpu") -> list[torch.Tensor]:
     """Empty flat buffers shaped by a manifest: the receiving side transfers straight into these."""
+    import torch
+
     return [torch.empty(b.numel, dtype=SUPPORTED_DTYPES[b.dtype], device=device) for b in manifest.buckets]
 
 

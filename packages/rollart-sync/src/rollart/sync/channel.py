@@ -9,14 +9,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
-
-import torch
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from rollart import checks as check
 from rollart.sync.bucket import Manifest, NamedTensors, unpack_buckets, verify_buckets
 from rollart.sync.errors import ChecksumMismatchError, SyncTimeoutError, SyncValidationError
 from rollart.sync.versioning import LATEST, VersionSpec
+
+if TYPE_CHECKING:
+    import torch  # annotations only: importing this module must not import torch (D45)
 
 DEFAULT_TIMEOUT_S = 60.0
 """Default deadline of a fetch or a publish wait: generous for 1 GB over TCP, finite on purpose."""

@@ -6,7 +6,7 @@ import asyncio
 
 from rollart import checks as check
 from rollart.sync._waiting import wait_for_version
-from rollart.sync.bucket import DEFAULT_BUCKET_BYTES, NamedTensors, pack_buckets, unpack_buckets
+from rollart.sync.bucket import DEFAULT_BUCKET_BYTES, NamedTensors, PackedWeights, pack_buckets, unpack_buckets
 from rollart.sync.channel import DEFAULT_TIMEOUT_S, PublishHandle, WeightSnapshot, fetch_verified, finished_handle
 from rollart.sync.errors import ChannelClosedError, StaleVersionError, SyncValidationError
 from rollart.sync.versioning import LATEST, RetainedVersions, VersionSpec
@@ -47,7 +47,7 @@ class LocalChannel:
         latest = self._retained.latest
         # VAL: VAL_VERSION_MONOTONIC(version, latest, exc=StaleVersionError)
         check.version_monotonic("version", version, latest, exc=StaleVersionError)  # generated #0c521e8dfd
-        self._retained.add(pack_buckets(named_tensors, version, self._bucket_bytes))
+        self._retained.add(self._snapshot(named_tensors, version))
         cond = self._condition()
 
         async def _notify() -> None:
@@ -58,6 +58,10 @@ class LocalChannel:
         self._notifiers.add(task)  # keep a reference until it ran (the loop holds tasks only weakly)
         task.add_done_callback(self._notifiers.discard)
         return finished_handle(version)
+
+    def _snapshot(self, named_tensors: NamedTensors, version: int) -> PackedWeights:
+        """What `publish` keeps of `version`: the tensors packed into buckets (SimChannel keeps none, D45)."""
+        return pack_buckets(named_tensors, version, self._bucket_bytes)
 
     async def fetch(self, version: VersionSpec = LATEST, timeout: float = DEFAULT_TIMEOUT_S) -> WeightSnapshot:
         """The newest (or the given) retained version; waits up to `timeout` s for one to be published."""

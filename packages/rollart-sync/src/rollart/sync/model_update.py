@@ -11,15 +11,16 @@ import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
-
-import torch
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from rollart import checks as check
 from rollart.sync.bucket import NamedTensors
 from rollart.sync.channel import DEFAULT_TIMEOUT_S, PublishHandle, WeightChannel, WeightSnapshot
 from rollart.sync.errors import StaleVersionError, SyncError, SyncTimeoutError, SyncValidationError
 from rollart.sync.versioning import LATEST, VersionLedger, VersionSpec
+
+if TYPE_CHECKING:
+    import torch  # annotations only: importing this module must not import torch (D45)
 
 log = logging.getLogger(__name__)
 

@@ -3,8 +3,9 @@
 It is a *simulation*, named as such (design D14): a publish waits
 ``ceil(bytes / bucket) x per-bucket latency + bytes / bandwidth`` on the running loop's clock before
 the version becomes fetchable, and a fetch may wait the same over a second link. Versions, LATEST,
-waits and errors are those of an inner ``LocalChannel`` holding a one-element token per version, so
-``ModelUpdateGroup`` and the pipeline use it exactly like a real channel.
+waits and errors are those of an inner ``LocalChannel`` that keeps a bucket-less snapshot per version
+(the version is all that moves: a fetched snapshot's ``tensors`` is empty, and no torch is imported,
+D45), so ``ModelUpdateGroup`` and the pipeline use it exactly like a real channel.
 
 Example:
     ```python
@@ -18,10 +19,8 @@ from __future__ import annotations
 import asyncio
 import math
 
-import torch
-
 from rollart import checks as check
-from rollart.sync.bucket import DEFAULT_BUCKET_BYTES, NamedTensors
+from rollart.sync.bucket import DEFAULT_BUCKET_BYTES, Manifest, NamedTensors, PackedWeights
 from rollart.sync.channel import DEFAULT_TIMEOUT_S, PublishHandle, WeightSnapshot
 from rollart.sync.errors import ChannelClosedError, StaleVersionError, SyncTimeoutError, SyncValidationError
 from rollart.sync.local import LocalChannel
@@ -42,6 +41,13 @@ def transfer_seconds(nbytes: float, link_gbps: float, bucket_bytes: int = DEFAUL
     return math.ceil(nbytes / bucket_bytes) * bucket_latency_s + nbytes / (link_gbps * 1e9)
 
 
+class _VersionsOnly(LocalChannel):
+    """A LocalChannel that keeps each version as a manifest with no buckets: nothing to copy, nothing of torch (D45)."""
+
+    def _snapshot(self, named_tensors: NamedTensors, version: int) -> PackedWeights:
+        return PackedWeights(manifest=Manifest(version=version, buckets=()), buffers=())
+
+
 class SimChannel:
     """`sync: sim`: versioned publish/fetch that charge bytes / bandwidth + per-bucket latency and move a token (D14)."""
 
@@ -54,7 +60,7 @@ class SimChannel:
         self.weight_bytes = weight_bytes
         self._publish_s = transfer_seconds(weight_bytes, link_gbps, bucket_bytes, bucket_latency_s)
         self._fetch_s = 0.0 if fetch_link_gbps is None else transfer_seconds(weight_bytes, fetch_link_gbps, bucket_bytes, bucket_latency_s)
-        self._inner = LocalChannel(keep_last=keep_last)
+        self._inner = _VersionsOnly(keep_last=keep_last)
         self._last: int | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -77,11 +83,10 @@ class SimChannel:
         # VAL: VAL_VERSION_MONOTONIC(version, self._last, exc=StaleVersionError)
         check.version_monotonic("version", version, self._last, exc=StaleVersionError)  # generated #bac318640f
         self._last = version
-        token = {"sim.version": torch.tensor([version], dtype=torch.int64)}  # the tensors given are not moved
 
         async def _transfer() -> None:
             await asyncio.sleep(self._publish_s)
-            self._inner.publish(token, version)
+            self._inner.publish((), version)  # the tensors given are not moved
 
         task = asyncio.get_running_loop().create_task(_transfer())
         self._tasks.add(task)

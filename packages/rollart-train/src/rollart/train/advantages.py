@@ -12,10 +12,13 @@ tolerance relative to its rewards' magnitude is "all equal" and gets exactly zer
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from rollart import checks as check
 from rollart.train.errors import TrainError
+
+if TYPE_CHECKING:
+    import torch  # annotations only: the simulator imports this module without torch (D31)
 
 
 def grpo_advantages(
@@ -34,6 +37,8 @@ def grpo_advantages(
     gets exactly 0 in both variants. Computed in float64, returned in the rewards' floating dtype
     (float64 for integer rewards).
     """
+    import torch
+
     # VAL: VAL_POSITIVE(eps, exc=TrainError)
     check.positive("eps", eps, exc=TrainError)  # generated #83a4215c6a
     # VAL: VAL_NON_NEGATIVE(zero_std_tol, exc=TrainError)

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-
-import torch
+from typing import TYPE_CHECKING
 
 from rollart import checks as check
 from rollart.train.advantages import grpo_advantages
 from rollart.train.errors import TrainError
+
+if TYPE_CHECKING:
+    import torch  # annotations only: the simulator imports this module without torch (D31)
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,8 @@ class TrainBatch:
 
     def to(self, device: torch.device | str) -> TrainBatch:
         """The batch on `device` (itself when already there): the trainer's model device decides (D27)."""
+        import torch
+
         if self.input_ids.device == torch.device(device):
             return self
         kwargs = {f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device) for f in fields(self)}
@@ -119,6 +123,8 @@ def build_train_batch(
     and a group may be split across micro-batches later.
     """
     # deps: validate_train_sample, grpo_advantages
+    import torch
+
     # VAL: VAL_NON_EMPTY(samples, exc=TrainError)
     check.non_empty("samples", samples, exc=TrainError)  # generated #5cc6b4a2ba
     # VAL: VAL_INT_RANGE(pad_token_id, min=0, max=2**31 - 1, exc=TrainError)

@@ -19,15 +19,17 @@ import asyncio
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
-
-import torch
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from rollart import checks as check
 from rollart.resource.hardware import HardwareSpec
-from rollart.train.batch import TrainBatch
 from rollart.train.errors import TrainError
 from rollart.train.state_io import write_json_atomic
+
+if TYPE_CHECKING:
+    import torch  # a simulation has no tensors but its version token: imported there, not here (D31)
+
+    from rollart.train.batch import TrainBatch
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,9 @@ class SimTrainer:
         return self._account(batch, cost)
 
     def named_tensors(self) -> dict[str, torch.Tensor]:
-        """A version token, not weights: `{"sim.version": tensor([version])}`."""
+        """A version token, not weights: `{"sim.version": tensor([version])}` (for a real channel; SimChannel takes none)."""
+        import torch
+
         return {"sim.version": torch.tensor([self._version], dtype=torch.int64)}
 
     def save_checkpoint(self, path: str | Path) -> None:

@@ -16,17 +16,19 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-import torch
-from safetensors.torch import load_file, save_file
+from typing import TYPE_CHECKING, Any
 
 from rollart.train.errors import TrainError
+
+if TYPE_CHECKING:
+    import torch  # torch and safetensors are imported where tensors are handled: `write_json_atomic` needs neither (D31)
 
 _TENSOR, _TUPLE, _INT_KEYS = "$tensor", "$tuple", "$int_keys"
 
 
 def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor], seen: set[int]) -> Any:
+    import torch
+
     if isinstance(obj, torch.Tensor):
         tensor = obj.detach().to("cpu").contiguous()
         if tensor.numel() and tensor.data_ptr() in seen:  # tied weights: safetensors refuses shared storage
@@ -70,6 +72,8 @@ def _decode(obj: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
 
 def save_state(state: Mapping[str, Any], directory: str | Path, name: str) -> list[Path]:
     """Write `name.safetensors` and `name.json` into `directory`; return the two paths."""
+    from safetensors.torch import save_file
+
     directory = Path(directory)
     tensors: dict[str, torch.Tensor] = {}
     tree = _encode(state, "", tensors, set())
@@ -81,6 +85,8 @@ def save_state(state: Mapping[str, Any], directory: str | Path, name: str) -> li
 
 def load_state(directory: str | Path, name: str) -> dict[str, Any]:
     """Rebuild what `save_state` wrote; never unpickles anything."""
+    from safetensors.torch import load_file
+
     directory = Path(directory)
     weights, skeleton = directory / f"{name}.safetensors", directory / f"{name}.json"
     for part in (weights, skeleton):
