@@ -11,7 +11,7 @@ import json
 import math
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -99,6 +99,8 @@ def test_the_builder_wires_the_cost_models_into_the_pipeline():
 @given(mode=st.sampled_from(["sync", "one_off", "async", "time_sharing"]), alpha=st.integers(1, 3),
        group=st.sampled_from([2, 4]), redundancy=st.sampled_from([1.0, 1.5, 2.0]), fail=st.sampled_from([0.0, 0.1]),
        batch_level=st.booleans(), seed=st.integers(0, 100))
+@example(mode="sync", alpha=1, group=4, redundancy=2.0, fail=0.1, batch_level=True, seed=4)  # stalled before D62
+@example(mode="sync", alpha=1, group=4, redundancy=2.0, fail=0.1, batch_level=False, seed=4)
 def test_every_trajectory_is_accounted_once_and_the_bound_holds(mode, alpha, group, redundancy, fail, batch_level, seed):
     alpha = {"sync": 0, "one_off": 1}.get(mode, alpha)
     spec = parse_scenario(scenario(

@@ -18,7 +18,7 @@ from typing import Protocol
 from rollart import checks as check
 from rollart.env.manager import EnvManager
 from rollart.env.trajectory import Trajectory
-from rollart.scheduler.buffer import SampleBuffer
+from rollart.scheduler.buffer import FINISHED_STATUS, SampleBuffer
 from rollart.scheduler.errors import ConfigError, SchedulerError, SchedulerTimeout
 
 
@@ -127,7 +127,8 @@ class RolloutScheduler:
     def _managers_inflight(self) -> list[EnvManager]:
         return [m for slot in self.slots for m in slot if m.current is not None and not m.current.ended]
 
-    async def _run_group(self, index: int) -> None:
+    async def _run_group(self, index: int) -> bool:
+        """Run one group on slot `index`; True when every member finished (the group can enter a batch)."""
         managers, task = self.slots[index], self.slot_tasks[index]
         if self.admission:
             await self.buffer.wait_for_room(task, self.room_limits[task])
@@ -137,19 +138,22 @@ class RolloutScheduler:
         if self.admission:
             self.buffer.admit(gid)
         try:
-            await asyncio.gather(*(m.run_trajectory(seed=seed, group_id=gid) for m in managers))
+            ended = await asyncio.gather(*(m.run_trajectory(seed=seed, group_id=gid) for m in managers))
         except BaseException:  # cancelled (stop) or a manager broke: close the group so its place is given back
             if self.admission:
                 self.buffer.abort_group(gid, "its rollout slot stopped")
             raise
+        return all(getattr(t.status, "value", t.status) == FINISHED_STATUS for t in ended)
 
     async def _slot_loop(self, index: int) -> None:
         while not self._stopping:
             assert self._gate is not None
             await self._gate.wait()
             launch = self._launch
-            await self._run_group(index)
-            if self.once_per_launch:
+            complete = await self._run_group(index)
+            # D62: a group that failed or was aborted is replaced within the iteration; waiting for the next
+            # launch instead could leave a sync batch short for good (nothing else would refill it)
+            if self.once_per_launch and complete:
                 await launch.wait()
 
     async def _wave_loop(self) -> None:
@@ -165,11 +169,11 @@ class RolloutScheduler:
                 m.turn_barrier = barrier
             launch = self._launch
             try:
-                await asyncio.gather(*(self._run_group(i) for i in range(len(self.slots))))
+                complete = await asyncio.gather(*(self._run_group(i) for i in range(len(self.slots))))
             finally:
                 for m in managers:
                     m.turn_barrier = None
-            if self.once_per_launch:
+            if self.once_per_launch and all(complete):  # D62: a wave with a failed group runs again
                 await launch.wait()
 
     async def start(self) -> None:
