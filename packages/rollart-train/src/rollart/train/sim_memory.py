@@ -33,8 +33,11 @@ class TrainerHardware(Protocol):
     """The fields of rollart-resource's HardwareSpec the memory model reads."""
 
     name: str
+    """The catalogue name (H800, H20, ...), for the shortfall message."""
     hbm_gb: float
+    """Device memory in GB; 90% of it is usable for the trainer's states and activations."""
     gpus_per_node: int
+    """Devices per node: activations of one sequence split over at most this many (one node's parallel group)."""
 
 
 @dataclass(frozen=True)
