@@ -6,20 +6,17 @@ fail; the batch could never fill, and the run waited out `get_batch_timeout_s` (
 trajectory put into the buffer (as the pipeline does for tokens/s): it counts the env errors
 (`info["env_error"]`, rollart-env D29) and reward errors (`info["reward_error"]`, set by
 `ScoringSink`) by kind, and when one task's last `limit` trajectories all failed on an env error with
-none finished between them, it raises `TaskFailingError` through `guard` naming the task, the kind,
+none finished between them, it hands `TaskFailingError` to `on_trip` (the pipeline's `fail`) naming the task, the kind,
 the env's message and its traceback's last line.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 from rollart import checks as check
 from rollart.scheduler.errors import SchedulerError
-
-T = TypeVar("T")
 
 
 class TaskFailingError(SchedulerError):
@@ -38,8 +35,9 @@ def _bump(counts: dict[str, int], kind: str) -> None:
 class FailureWatch:
     """Buffer observer: env/reward errors by kind (per iteration) and the fail-fast rule (D52)."""
 
-    def __init__(self, limit: int = 16) -> None:
-        """`limit`: consecutive env-error failures of one task, with no finished trajectory between, that stop the run."""
+    def __init__(self, limit: int = 16, on_trip: Callable[[TaskFailingError], None] | None = None) -> None:
+        """`limit`: consecutive env-error failures of one task, with no finished trajectory between, that stop the run;
+        `on_trip` gets the error once (the pipeline passes its `fail`, which already ends a wait for a batch)."""
         # VAL: VAL_INT_RANGE(limit, min=1, max=1_000_000, exc=SchedulerError)
         check.int_range("limit", limit, min=1, max=1_000_000, exc=SchedulerError)  # generated #25ffb3f8ae
         self.limit = limit
@@ -47,7 +45,7 @@ class FailureWatch:
         self.reward_errors: dict[str, int] = {}
         self._streak: dict[str, int] = {}
         self._failing: TaskFailingError | None = None
-        self._event: asyncio.Event | None = None
+        self._on_trip = on_trip
 
     @property
     def failing(self) -> TaskFailingError | None:
@@ -65,8 +63,8 @@ class FailureWatch:
             self._streak[task] = self._streak.get(task, 0) + 1
             if self._streak[task] >= self.limit and self._failing is None:
                 self._failing = TaskFailingError(_message(task, self._streak[task], env_error))
-                if self._event is not None:
-                    self._event.set()
+                if self._on_trip is not None:
+                    self._on_trip(self._failing)
         elif status == "finished":
             self._streak[task] = 0
         reward_error = info.get("reward_error")
@@ -79,27 +77,6 @@ class FailureWatch:
         self.env_errors, self.reward_errors = {}, {}
         return out
 
-    async def guard(self, awaitable: Awaitable[T]) -> T:
-        """Await `awaitable` (a `get_batch`), or raise `TaskFailingError` as soon as a task crosses the limit."""
-        # deps: FailureWatch.observe
-        if self._failing is not None:
-            if asyncio.iscoroutine(awaitable):
-                awaitable.close()
-            raise self._failing
-        if self._event is None:
-            self._event = asyncio.Event()
-        work = asyncio.ensure_future(awaitable)
-        tripped = asyncio.ensure_future(self._event.wait())
-        try:
-            await asyncio.wait({work, tripped}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            tripped.cancel()
-            if not work.done():
-                work.cancel()
-                await asyncio.gather(work, return_exceptions=True)
-        if work.done() and not work.cancelled():
-            return work.result()  # a batch that arrived with the trip still goes to training
-        raise self._failing  # type: ignore[misc] - only the trip ends the wait otherwise
 
 
 def _message(task: str, streak: int, env_error: dict[str, Any]) -> str:

@@ -198,7 +198,7 @@ class Pipeline:
         if self.recorder is not None:
             parts.buffer.observe(self.recorder.put)
             parts.buffer.observe_settled(self.recorder.settled)
-        self.failures = FailureWatch(limit=max(16, 2 * config.pipeline.group_size))  # D52
+        self.failures = FailureWatch(limit=max(16, 2 * config.pipeline.group_size), on_trip=self.fail)  # D52
         parts.buffer.observe(self.failures.observe)
         self._reward_stats: dict[str, Any] = {}
 
@@ -294,7 +294,7 @@ class Pipeline:
         if self.recorder is not None:
             self.recorder.iteration = self.iteration + 1
         self._roles(p.rollout_devices, "rollout")
-        batch = await self.failures.guard(self._batch(cfg.batch_size, cfg.get_batch_timeout_s))  # D52
+        batch = await self._batch(cfg.batch_size, cfg.get_batch_timeout_s)  # a tripped FailureWatch ends it (D52)
         if batch is None:  # stop requested while waiting: nothing trained, the iteration did not happen
             raise _Stopped()
         t_batch = loop.time()
