@@ -319,3 +319,47 @@ def test_every_worker_dead_fails_the_update_in_one_error():
 
     version, message = run_virtual(go())
     assert version == 0 and "died during load_weights" in message
+
+
+class SlowRestartHandle(DeadActorHandle):
+    """A dead actor whose restart takes `restart_s` (a Ray actor importing torch and loading weights)."""
+
+    def __init__(self, inner: InferenceWorker, restart_s: float) -> None:
+        super().__init__(inner)
+        self.restart_s = restart_s
+        self.restarted = 0
+
+    async def restart(self) -> None:
+        await asyncio.sleep(self.restart_s)
+        self.dead = False
+        await self.inner.restart()
+        self.restarted += 1
+
+
+def test_cancelling_the_request_that_found_a_dead_worker_does_not_cancel_its_restart():
+    """D53 (issue 21): the failure was handled inside the request's task; a trajectory cancelled while
+    the restart ran (staleness, redundancy, shutdown) cancelled the restart and left the slot draining at
+    its old version for good (the flaky SIGKILL test of the application)."""
+
+    async def go():
+        _, workers = await pool(1)
+        slow = SlowRestartHandle(workers[0], restart_s=5.0)
+        proxy = LLMProxy([slow], health_check_interval_s=None)
+        slow.dead = True
+        task = asyncio.create_task(proxy.generate(req(0, max_tokens=400)))
+        for _ in range(20):  # bounded: until the failure is being handled
+            await asyncio.sleep(0.1)
+            if proxy.slots[0].state != ACTIVE:
+                break
+        draining = proxy.slots[0].state
+        task.cancel()  # the trajectory is aborted by cancellation while the restart runs
+        await asyncio.gather(task, return_exceptions=True)
+        await asyncio.sleep(10.0)
+        await proxy.update_weights({"w": torch.ones(2)}, 1)
+        result = (draining, proxy.slots[0].state, proxy.slots[0].version, slow.restarted)
+        await proxy.close()
+        return result
+
+    draining, state, version, restarted = run_virtual(go())
+    assert draining == "draining"
+    assert (state, version, restarted) == (ACTIVE, 1, 1)

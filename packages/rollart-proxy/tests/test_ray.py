@@ -76,6 +76,10 @@ async def test_ray_actor_crash_restarts_and_requests_complete(ray_cluster, tiny_
     await wait_for_progress(handles[0], 2)
     handles[0].kill()
     out = await asyncio.wait_for(asyncio.gather(*tasks), 120)
+    for _ in range(240):  # bounded (120 s): the requests moved on without waiting for the restart (D53)
+        if proxy.slots[0].state == ACTIVE:
+            break
+        await asyncio.sleep(0.5)
     counters = dict(proxy.counters)
     slot_states = [(s.state, s.restarts) for s in proxy.slots]
     await proxy.close()

@@ -260,6 +260,7 @@ class LLMProxy:
         self._monitor: asyncio.Task | None = None
         self._replacements: dict[int, asyncio.Task] = {}
         self._background: set[asyncio.Task] = set()  # failure handling started by control calls (D40)
+        self._failing: dict[tuple[int, int], asyncio.Task] = {}  # (rank, incarnation) -> its failure task (D53)
         self.counters = {"submitted": 0, "finished": 0, "aborted": 0, "migrated": 0, "failures": 0, "removed": 0,
                          "replaced": 0}
         try:
@@ -365,9 +366,14 @@ class LLMProxy:
             self.counters["migrated"] += 1
             self._emit("handed_back", request_id=output.request_id, reason=output.finish_reason,
                        worker=slot.handle.worker_id, token_ids=output.token_ids)
-            if output.finish_reason == FINISH_WORKER_FAILED and not self._closed:
-                await self._handle_failure(slot, incarnation, cause=track.failure)
             exclude = slot.rank if output.finish_reason == FINISH_MIGRATED else None
+            if output.finish_reason == FINISH_WORKER_FAILED and not self._closed:
+                # In its own task (D53): this request's task may be cancelled (a stale or redundant
+                # trajectory, a shutdown), and a restart cancelled half-way left the slot draining for good.
+                self._fail_later(slot, incarnation, track.failure or "its engine or process failed")
+                await asyncio.sleep(0)  # the failure task marks the slot before this request is routed again
+                if slot.state == ACTIVE and slot.incarnation == incarnation:
+                    exclude = slot.rank
 
     def _answer(self, track: _Track, output: EngineOutput | None) -> GenerateResponse:
         req = track.engine_request
@@ -494,15 +500,26 @@ class LLMProxy:
             elif isinstance(result, BaseException):
                 raise result
 
-    def _fail_later(self, slot: WorkerSlot, incarnation: int, error: BaseException) -> None:
-        """Handle a failure found by a control call without holding up the call (D40)."""
+    def _fail_later(self, slot: WorkerSlot, incarnation: int, cause: str | BaseException) -> asyncio.Task | None:
+        """Handle a worker's failure in a task of the proxy's own, never in the caller's (D40, D53).
+
+        A control call is not held up by the restart, and a request or probe whose task is cancelled
+        meanwhile cannot cancel the restart half-way (which left the slot draining at its old version).
+        One task per failed incarnation; later reports of the same failure get that task.
+        """
         if self._closed or slot.state != ACTIVE or slot.incarnation != incarnation:
-            return
-        logger.warning("worker %s (rank %d) failed a control call: %s", slot.handle.worker_id, slot.rank, error)
-        task = asyncio.get_running_loop().create_task(self._handle_failure(slot, incarnation, cause=str(error)),
+            return self._failing.get((slot.rank, incarnation))
+        key = (slot.rank, incarnation)
+        if key in self._failing:
+            return self._failing[key]
+        logger.warning("worker %s (rank %d) failed: %s", slot.handle.worker_id, slot.rank, cause)
+        task = asyncio.get_running_loop().create_task(self._handle_failure(slot, incarnation, cause=str(cause)),
                                                       name=f"failure-rank-{slot.rank}")
+        self._failing[key] = task
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        task.add_done_callback(lambda _t, key=key: self._failing.pop(key, None))
+        return task
 
     async def update_weights(self, source: WeightSource | Mapping[str, torch.Tensor], version: int) -> None:
         """Push ``version`` to every active worker; offloaded ones get it on expand.
@@ -749,7 +766,9 @@ class LLMProxy:
             logger.warning("health check: worker %s (rank %d) failed its probe: %s", slot.handle.worker_id,
                            slot.rank, what)
             self._emit("health_check_failed", rank=slot.rank, error=what)
-            await self._handle_failure(slot, incarnation, cause=f"health check: {what}")
+            task = self._fail_later(slot, incarnation, f"health check: {what}")
+            if task is not None:
+                await asyncio.shield(task)  # the round reports after the restart; cancelling it spares the restart
             return "failed"
 
     async def close(self) -> None:
