@@ -144,6 +144,44 @@ def test_sigterm_stops_like_sigint_checkpoints_and_a_resume_runs_every_iteration
     assert accounting_problems(run_dir) == []
 
 
+def test_a_sigkilled_driver_resumes_and_the_ledger_accounts_for_every_trajectory(tmp_path):
+    """Item 2 + 6: before, the trajectories open at the checkpoint a SIGKILLed driver resumed from had no
+    ledger line (launched in the metrics, never settled): "nothing lost" could not be checked (D65)."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from rollart.scheduler.records import read_ledger
+
+    raw = example_config()
+    raw["cluster"] = {"ray": "none"}
+    raw["run"].update({"checkpoint_every": 1, "iterations": 200})
+    config = tmp_path / "run.yaml"
+    config.write_text(json.dumps(raw))
+    run_dir = tmp_path / "out"
+    cmd = [sys.executable, "-m", "rollart.app.cli", "run", str(config), "--run-dir", str(run_dir)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1200):  # bounded: until three iterations are in the metrics (or the run ended)
+            if proc.poll() is not None or (
+                    (run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").read_text().count("\n") >= 3):
+                break
+            time.sleep(0.25)
+        proc.send_signal(signal.SIGKILL)  # no handler, no checkpoint, no closing lines
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    killed_at = len(read_metrics(run_dir))
+    again = subprocess.run([*cmd, "-n", str(killed_at + 2)], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [r["iteration"] for r in read_metrics(run_dir)] == list(range(1, killed_at + 3))
+    assert accounting_problems(run_dir) == []
+    lost = [line for line in read_ledger(run_dir) if (line["reason"] or "").startswith("lost_on_resume")]
+    assert lost and all(line["outcome"] == "aborted" for line in lost)
+
+
 async def kill_trainer(pipe) -> None:
     """SIGKILL the process of trainer actor 0 (what the OOM killer or a node loss does)."""
     actor = pipe.parts.trainer.handles[0].actor
@@ -237,3 +275,21 @@ async def test_past_the_restart_budget_a_dead_trainer_stops_the_run_in_one_line(
         await pipe.close()
     assert_one_stop_line(failed, tmp_path, "rebuilt 1 times, the budget (trainer.restarts: 1) is spent", [1, 2])
     assert [e["kind"] for e in read_events(tmp_path)].count("trainer_rebuilt") == 1
+
+
+async def test_the_rollout_restart_budget_comes_from_the_config(tmp_path):
+    """Issue 21 note: the budget was fixed at 1 restart per 600 s; `rollout.recovery` sets it (app D80)."""
+    raw = example_config()
+    raw["cluster"] = {"ray": "none"}
+    raw["rollout"]["recovery"] = {"max_restarts": 3, "restart_window_s": 120, "restart_backoff_s": 0.5,
+                                  "health_check_interval_s": None}
+    pipe = await build_pipeline(parse_config(raw), tmp_path)
+    try:
+        proxy = pipe.parts.proxy
+        got = (proxy._max_restarts, proxy._restart_window, proxy._backoff, proxy._health_interval)
+    finally:
+        await pipe.close()
+    assert got == (3, 120.0, 0.5, None)
+    raw["rollout"]["recovery"] = {"max_restart": 3}
+    with pytest.raises(Exception, match=r"rollout\.recovery\.max_restart"):
+        parse_config(raw)

@@ -467,7 +467,8 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
     proxy = LLMProxy(workers, router=make_router(config.routing.policy, config.routing.affinity),
                      max_inflight_per_worker=config.time_sharing.slots_per_device,
                      worker_factory=recovery.replace if recovery else None,
-                     on_event=recovery.on_event if recovery else None)
+                     on_event=recovery.on_event if recovery else None,
+                     **config.rollout.recovery.proxy_kwargs())
     if recovery is not None:
         recovery.proxy = proxy
     try:

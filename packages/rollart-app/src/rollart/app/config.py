@@ -221,11 +221,41 @@ class RolloutPool(_Strict):
         return self.devices // self.tensor_parallel_size
 
 
+class RecoverySection(_Strict):
+    """How the proxy restarts and replaces rollout workers that die (rollart-proxy D22-D24, app D80).
+
+    Defaults suit a long run: one in-place restart per worker per 10 minutes, then the worker is
+    removed and a new one built on a free device of its pool's hardware (retried with backoff).
+    """
+
+    max_restarts: int = Field(1, ge=0, le=1000)
+    """In-place restarts of one worker within `restart_window_s`; past it the worker is removed and replaced. 0: never restart in place, replace at once."""
+    restart_window_s: float = Field(600.0, gt=0)
+    """The window (seconds) over which `max_restarts` is counted; also bounds replacement attempts per slot."""
+    restart_backoff_s: float = Field(1.0, ge=0)
+    """Pause before the second restart in a window, doubled for each later one."""
+    restart_backoff_max_s: float = Field(60.0, ge=0)
+    """Cap of that pause."""
+    health_check_interval_s: float | None = Field(5.0, gt=0)
+    """Seconds between probes of every active worker (finds a dead idle worker); null: no health check."""
+    health_check_timeout_s: float = Field(10.0, gt=0)
+    """A probe unanswered this long counts as a failure."""
+
+    def proxy_kwargs(self) -> dict[str, Any]:
+        """The `LLMProxy` keyword arguments of this section."""
+        return {"max_restarts": self.max_restarts, "restart_window_s": self.restart_window_s,
+                "restart_backoff_s": self.restart_backoff_s, "restart_backoff_max_s": self.restart_backoff_max_s,
+                "health_check_interval_s": self.health_check_interval_s,
+                "health_check_timeout_s": self.health_check_timeout_s}
+
+
 class RolloutSection(_Strict):
     """The rollout side: pools of inference workers (several hardware types in one run)."""
 
     pools: list[RolloutPool] = Field(default_factory=lambda: [RolloutPool(name="rollout", devices=2)], min_length=1)
     """The rollout pools; several hardware types in one run."""
+    recovery: RecoverySection = Field(default_factory=RecoverySection)
+    """Restart budget, backoff and health check for rollout workers that die."""
 
     @model_validator(mode="after")
     def _unique(self) -> RolloutSection:

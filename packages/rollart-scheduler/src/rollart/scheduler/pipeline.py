@@ -13,6 +13,7 @@ the step that produced the weights, design D12):
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from rollart.scheduler.errors import ConfigError, SchedulerError
 from rollart.scheduler.failures import FailureWatch, reward_metrics
 from rollart.scheduler.metrics import MetricsWriter, RoleTimeline, engine_metrics
 from rollart.scheduler.progress import progress_line, status_text
-from rollart.scheduler.records import RunRecorder, truncate_after
+from rollart.scheduler.records import OPEN_TRAJECTORIES, RunRecorder, truncate_after
 from rollart.scheduler.rollout import RolloutScheduler
 from rollart.scheduler.settings import PipelineConfig
 from rollart.scheduler.timesharing import SwitchRecord, TimeSharingController
@@ -372,6 +373,7 @@ class Pipeline:
         self._seen_aborted = aborted_total
         if self.recorder is not None:  # routing per tag and hardware, outcomes that add up (D49)
             rec.update(self.recorder.take_iteration())
+            self.recorder.iteration = self.iteration + 1  # what settles after the record belongs to the next (D65)
         if p.metrics is not None:
             p.metrics.write(rec)
         if p.checkpointer is not None and self.iteration % self.config.run.checkpoint_every == 0:
@@ -436,6 +438,8 @@ class Pipeline:
         assert ck is not None
         tmp = ck.begin(self.iteration)
         await self.parts.trainer.save_checkpoint(str(tmp / "trainer"))
+        if self.recorder is not None:  # what a resume from here settles as lost (D65)
+            (tmp / OPEN_TRAJECTORIES).write_text(json.dumps(sorted(self.recorder.open_at_record)))
         return ck.commit(tmp, self.iteration, self.parts.trainer.version, config_identity(self.config))
 
     async def restore(self, allow_config_change: bool = False) -> bool:
@@ -455,6 +459,14 @@ class Pipeline:
         await self.parts.trainer.load_checkpoint(str(info.path / "trainer"))
         self.iteration = info.iteration
         self._truncate_records(info.iteration)
+        opened = info.path / OPEN_TRAJECTORIES
+        if self.recorder is not None and opened.exists():
+            lost = self.recorder.settle_lost(info.iteration, json.loads(opened.read_text()))
+            if lost:
+                _log.info("resume at iteration %d: %d trajectories open at its checkpoint are recorded as lost",
+                          info.iteration, lost)
+        if self.recorder is not None:
+            self.recorder.iteration = info.iteration + 1
         self.parts.buffer.set_version(info.version)
         await self._update(info.version)
         return True
@@ -471,8 +483,6 @@ class Pipeline:
 
         Every trajectory still open after the closers ran gets its ledger line (`buffered`, D48).
         """
-        if self.recorder is not None:
-            self.recorder.iteration = self.iteration
         await self.parts.rollout.stop(timeout_s=30.0)
         try:  # no engine step may be running in a thread while the workers stop
             await self.parts.rollout.suspend(10.0)

@@ -25,6 +25,7 @@ LEDGER_FILE = "trajectories.jsonl"
 METRICS_FILE = "metrics.jsonl"
 OUTCOMES = ("consumed", "aborted", "failed", "buffered")
 RECORD_FILES = (METRICS_FILE, EVENTS_FILE, LEDGER_FILE)
+OPEN_TRAJECTORIES = "open_trajectories.json"  # in a checkpoint: ids open at its record (D65)
 
 
 def _append(path: Path, line: dict[str, Any]) -> None:
@@ -285,6 +286,7 @@ class RunRecorder:
         self._put: dict[str, Any] = {}  # handed to the buffer, not settled yet
         self.routing: dict[str, dict[str, int]] = {}
         self.routing_tokens: dict[str, dict[str, int]] = {}
+        self.open_at_record: set[str] = set()  # open when the last record was taken: what a checkpoint of it leaves open (D65)
 
     def _launch(self, trajectory_id: str) -> None:
         if trajectory_id not in self._turns and trajectory_id not in self.ledger:
@@ -335,7 +337,31 @@ class RunRecorder:
         """The iteration's `routing`, `routing_tokens` and `outcomes` fields; the next iteration counts anew."""
         out = {"routing": self.routing, "routing_tokens": self.routing_tokens, "outcomes": self.tally.take()}
         self.routing, self.routing_tokens = {}, {}
+        self.open_at_record = self.tally.open_ids
         return out
+
+    def settle_lost(self, iteration: int, open_ids: Iterable[str]) -> int:
+        """On resume from the checkpoint of `iteration`: a line for every trajectory open at its record that has none.
+
+        The buffer is not checkpointed, so what was in flight or buffered when that record was taken
+        died with the process (or, after a clean stop, its `buffered` lines were cut with the later
+        iterations). Each gets an `aborted` line (`lost_on_resume`), and a `run_closed` event at
+        `iteration` settles them, so the identity of D49 holds across the two processes (D65).
+        """
+        # VAL: VAL_INT_RANGE(iteration, min=0, max=2**62, exc=SchedulerError)
+        check.int_range("iteration", iteration, min=0, max=2**62, exc=SchedulerError)  # generated #d3138b8386
+        have = {line["id"] for line in read_ledger(self.ledger.run_dir)}
+        lost = sorted(set(open_ids) - have)
+        reason = (f"lost_on_resume: open when the record of iteration {iteration} was taken; the process that ran it "
+                  f"ended and the run resumed from that checkpoint")
+        for trajectory_id in lost:
+            self.ledger.record(LedgerEntry(id=trajectory_id, iteration=iteration, task="unknown", tag="",
+                                           outcome="aborted", reason=reason))
+        if lost:
+            outcomes = empty_outcomes()
+            outcomes["aborted"] = {"lost_on_resume": len(lost)}
+            self.events.record("run_closed", iteration=iteration, outcomes=outcomes, resumed=True)
+        return len(lost)
 
     def close(self) -> int:
         """Write a line for every trajectory still open: `buffered` if the buffer holds it, else `aborted`.
