@@ -182,6 +182,45 @@ def test_a_sigkilled_driver_resumes_and_the_ledger_accounts_for_every_trajectory
     assert lost and all(line["outcome"] == "aborted" for line in lost)
 
 
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.parametrize("channel", ["torch_dist", "mooncake"])
+async def test_a_sigkilled_rollout_actor_in_a_channel_world_is_replaced_at_the_next_update(ray_cluster, tmp_path, channel):
+    """D81: before, the next update failed on the dead member and the run ended with a bare error
+    (torch_dist: WorkerFailedError "died during receive"; Mooncake: every later put failed, code -800)."""
+    if channel == "mooncake":
+        from rollart.sync.mooncake import mooncake_unavailable_reason
+
+        if (reason := mooncake_unavailable_reason()) is not None:
+            pytest.skip(reason)
+    raw = example_config()
+    raw["trainer"].update({"placement": "actors", "devices": 1})
+    raw["sync"] = {"channel": channel}
+    pipe = await build_pipeline(parse_config(raw), tmp_path)
+    try:
+        await pipe.run(1, progress=False)
+        old = next(s.handle for s in pipe.parts.proxy.slots if s.handle.hardware == "H20")
+        os.kill(await actor_pid(old), signal.SIGKILL)
+        recs = await pipe.run(4, progress=False)
+        p = pipe.parts
+        slots = [(s.handle.hardware, s.state, s.version, s.handle.worker_id) for s in p.proxy.slots]
+        replicas = await p.trainer.checksums()
+        new = next(s.handle for s in p.proxy.slots if s.handle.hardware == "H20")
+        held = await new.call("checksums")
+        reformed = p.updater.reformed
+    finally:
+        await pipe.close()
+    assert [r["iteration"] for r in recs] == [2, 3, 4]
+    assert all(state == "active" and version == 4 for _, state, version, _ in slots), slots
+    assert new is not old and new.worker_id.startswith("h20-0.r"), slots
+    assert reformed == 1
+    # the new member received the trainer's weights through the re-formed world and serves them
+    assert held["loaded_version"] == 4 and held["loaded"] == replicas[0] and held["engine"] == replicas[0]
+    kinds = [e["kind"] for e in read_events(tmp_path)]
+    assert "actor_died" in kinds and "actor_replaced" in kinds, kinds
+    assert accounting_problems(tmp_path) == []
+
+
 async def kill_trainer(pipe) -> None:
     """SIGKILL the process of trainer actor 0 (what the OOM killer or a node loss does)."""
     actor = pipe.parts.trainer.handles[0].actor

@@ -71,6 +71,17 @@ class WorldSpec:
     timeout_s: float = 120.0
     megatron: bool = False  # every rank also builds megatron's parallel state (its groups are collectives)
     checksums: bool = False  # torch_dist: CRC-32 per bucket (rollart-sync D42; off for TCP and NCCL)
+    store_only: bool = False  # mooncake: a replacement connects to the store without joining the torch world (D81)
+
+
+def fetch_only(config: Any) -> Any:
+    """A rollout actor's Mooncake client: it contributes no memory to the store (D81).
+
+    Why: the store places a version's replicas on the segments its clients mounted; a rollout actor
+    that died took its segment with it, and every later put that the master placed there failed
+    (code -800) until the master's lease dropped it. Only the publisher's segment holds versions now.
+    """
+    return dataclasses.replace(config, global_segment_bytes=0)
 
 
 def free_address() -> str:
@@ -103,6 +114,13 @@ class SyncEndpoint:
         if world.init_method.startswith("tcp://127.0.0.1"):
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         timeout = datetime.timedelta(seconds=world.timeout_s)
+        if world.store_only:  # a store needs no collective: a late member only connects (D81)
+            from rollart.sync.mooncake import MooncakeChannel
+
+            self.rank = rank
+            self.channel = await MooncakeChannel.connect(fetch_only(world.mooncake), keep_last=world.keep_last,
+                                                         bucket_bytes=world.bucket_bytes, timeout=world.timeout_s)
+            return
 
         def _init() -> tuple[Any, Any]:
             dist.init_process_group(world.backend, init_method=world.init_method, rank=rank,
@@ -130,7 +148,8 @@ class SyncEndpoint:
         elif world.channel == "mooncake":
             from rollart.sync.mooncake import MooncakeChannel
 
-            self.channel = await MooncakeChannel.connect(world.mooncake, keep_last=world.keep_last,
+            store = world.mooncake if rank == world.trainer_ranks[0] else fetch_only(world.mooncake)
+            self.channel = await MooncakeChannel.connect(store, keep_last=world.keep_last,
                                                          bucket_bytes=world.bucket_bytes, timeout=world.timeout_s)
         else:
             raise ValueError(f"channel must be one of ['torch_dist', 'mooncake'], got {world.channel!r}")
@@ -180,6 +199,13 @@ class RolloutActor(Worker):
     async def join(self, world: WorldSpec, rank: int) -> None:
         """Join the weight-sync world as `rank`."""
         await self._sync.join(world, rank)
+
+    async def leave(self) -> None:
+        """Leave the world so a re-formed one can be joined (app D81); the engine keeps serving what it loaded."""
+        for snap in self._snapshots.values():
+            snap.release()
+        self._snapshots.clear()
+        await self._sync.close()
 
     async def receive(self, version: int, timeout: float) -> dict[str, float]:
         """Take part in publishing `version` (collective or get) and retain it; returns its bytes and seconds."""
@@ -289,11 +315,27 @@ class TrainerActor(Worker):
         return free_address()
 
     async def join(self, world: WorldSpec, rank: int) -> None:
-        """Join the world, then build the trainer over the data-parallel group."""
+        """Join the world, then build the trainer over the data-parallel group.
+
+        Joining a re-formed world (a rollout member was replaced, app D81) keeps the trainer and its
+        optimizer state and hands it the new data-parallel group; megatron's parallel state is
+        global to the process and is not re-formed.
+        """
+        if self._trainer is not None and self._backend == "megatron" and len(world.trainer_ranks) > 1:
+            raise RuntimeError("a megatron trainer with data-parallel replicas cannot re-form its world; "
+                               "resume the run to start a new one")
         await self._sync.join(world, rank)
-        self._trainer = build_trainer(self._model, self._backend, self._trainer_config,
-                                      process_group=self._sync.dp_group if len(world.trainer_ranks) > 1 else None,
-                                      device=self._placement.device)
+        group = self._sync.dp_group if len(world.trainer_ranks) > 1 else None
+        if self._trainer is None:
+            self._trainer = build_trainer(self._model, self._backend, self._trainer_config, process_group=group,
+                                          device=self._placement.device)
+        else:
+            self._trainer.process_group = group
+
+    async def leave(self) -> None:
+        """Leave the world before a re-formed one is joined (app D81); the trainer stays."""
+        async with self._weights_lock:
+            await self._sync.close()
 
     def start_local(self) -> None:
         """Build the trainer without a world (one replica, local channel)."""

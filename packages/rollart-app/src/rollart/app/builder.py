@@ -211,26 +211,30 @@ async def world_backend(trainer: ActorTrainerGroup, rollout: list[Any]) -> str:
     return collective_backend(list(kinds))
 
 
-async def connect_world(config: RunConfig, trainer: ActorTrainerGroup, rollout: list[Any]) -> list[Any]:
-    """Join trainer replicas and rollout actors in one torch.distributed world; open the channel.
+async def start_channel_services(config: RunConfig) -> tuple[Any, list[Any]]:
+    """The channel's services (Mooncake's metadata server and master), started once per run; (spec, closers)."""
+    if config.sync.channel != "mooncake":
+        return None, []
+    from rollart.sync.mooncake import mooncake_unavailable_reason
+    from rollart.sync.mooncake_services import MooncakeServices
 
-    Returns closers (Mooncake services). Ranks: trainer replicas first (rank 0 publishes), then
-    every rollout actor; groups: data-parallel (trainer ranks) and update (rank 0 + rollout).
+    reason = mooncake_unavailable_reason()
+    if reason is not None:
+        raise ConfigError(f"sync.channel: 'mooncake' is unavailable here: {reason}")
+    services = MooncakeServices()
+    mooncake = await services.start()
+    return mooncake, [services.stop]
+
+
+async def join_world(config: RunConfig, trainer: ActorTrainerGroup, rollout: list[Any], mooncake: Any = None) -> None:
+    """Join trainer replicas and rollout actors in one torch.distributed world and open the channel.
+
+    Ranks: trainer replicas first (rank 0 publishes), then every rollout actor; groups:
+    data-parallel (trainer ranks) and update (rank 0 + rollout). Called again, after every member
+    left, to re-form the world around a replaced rollout actor (D81).
     """
     from rollart.app.actors import WorldSpec
 
-    closers: list[Any] = []
-    mooncake = None
-    if config.sync.channel == "mooncake":
-        from rollart.sync.mooncake import mooncake_unavailable_reason
-        from rollart.sync.mooncake_services import MooncakeServices
-
-        reason = mooncake_unavailable_reason()
-        if reason is not None:
-            raise ConfigError(f"sync.channel: 'mooncake' is unavailable here: {reason}")
-        services = MooncakeServices()
-        mooncake = await services.start()
-        closers.append(services.stop)
     n_train = len(trainer.handles)
     init = await trainer.call(0, "rendezvous")
     backend = await world_backend(trainer, rollout)
@@ -242,6 +246,26 @@ async def connect_world(config: RunConfig, trainer: ActorTrainerGroup, rollout: 
                       checksums=config.sync.checksums)
     await asyncio.gather(*(trainer.call(r, "join", world, r) for r in range(n_train)),
                          *(w.call("join", world, n_train + i) for i, w in enumerate(rollout)))
+
+
+async def join_store(config: RunConfig, rollout: list[Any], mooncake: Any) -> None:
+    """Connect late rollout actors to the Mooncake store (a replacement, D81): no collective to re-form."""
+    from rollart.app.actors import WorldSpec
+
+    world = WorldSpec(init_method="", world_size=0, trainer_ranks=(), rollout_ranks=(), channel="mooncake",
+                      keep_last=config.sync.keep_last, bucket_bytes=int(config.sync.bucket_mb * (1 << 20)),
+                      mooncake=mooncake, timeout_s=config.pipeline.update_timeout_s * 2, store_only=True)
+    await asyncio.gather(*(w.call("join", world, -1) for w in rollout))
+
+
+async def connect_world(config: RunConfig, trainer: ActorTrainerGroup, rollout: list[Any]) -> list[Any]:
+    """Start the channel's services and join the world (`join_world`); returns the closers."""
+    mooncake, closers = await start_channel_services(config)
+    try:
+        await join_world(config, trainer, rollout, mooncake)
+    except BaseException:
+        await _abandon(closers)
+        raise
     return closers
 
 
@@ -461,14 +485,14 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
         for w in workers or []:
             await w.stop()
         raise
-    # a replacement takes its weights from the proxy, so only where the proxy holds them (D51)
-    recovery = (RolloutRecovery(config, model, placement, ledger, runtime, run_dir)
-                if configured_pools and config.sync.channel in ("local", "sim") else None)
+    # a replacement takes its weights from the proxy (D51), or, in a channel's world, joins it at an update (D81)
+    recovery = RolloutRecovery(config, model, placement, ledger, runtime, run_dir) if configured_pools else None
+    in_world = config.sync.channel in ("torch_dist", "mooncake")  # its members are replaced at an update (D81)
     proxy = LLMProxy(workers, router=make_router(config.routing.policy, config.routing.affinity),
                      max_inflight_per_worker=config.time_sharing.slots_per_device,
-                     worker_factory=recovery.replace if recovery else None,
+                     worker_factory=recovery.replace if recovery and not in_world else None,
                      on_event=recovery.on_event if recovery else None,
-                     **config.rollout.recovery.proxy_kwargs())
+                     **{**config.rollout.recovery.proxy_kwargs(), **({"max_restarts": 0} if in_world else {})})
     if recovery is not None:
         recovery.proxy = proxy
     try:
@@ -485,8 +509,19 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
             updater = LocalUpdater(ModelUpdateGroup(channel, [ProxyWeightLoader(proxy)],
                                                     timeout=config.pipeline.update_timeout_s), nbytes=weight_bytes)
         else:
-            closers += await connect_world(config, trainer, workers)
-            updater = ChannelUpdater(trainer, workers, proxy, config.sync.channel)
+            mooncake, services = await start_channel_services(config)
+            closers += services
+            await join_world(config, trainer, workers, mooncake)
+
+            async def rejoin(members: list[Any], new: list[Any]) -> None:  # around a replaced actor (D81)
+                if config.sync.channel == "mooncake":  # a store: only the new actors connect
+                    await join_store(config, new, mooncake)
+                else:
+                    await join_world(config, trainer, members, mooncake)
+
+            updater = ChannelUpdater(trainer, workers, proxy, config.sync.channel,
+                                     rejoin=rejoin if recovery is not None else None,
+                                     spawn=recovery.replace if recovery is not None else None)
         pcfg = config.pipeline
         keys = task_keys(config)
         balanced = sorted(set(keys)) if pcfg.balance_tasks and len(set(keys)) > 1 else []

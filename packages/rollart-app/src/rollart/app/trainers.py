@@ -260,19 +260,100 @@ class LocalUpdater:
 
 
 class ChannelUpdater:
-    """Trainer rank 0 publishes; every rollout actor receives; the proxy loads what each holds."""
+    """Trainer rank 0 publishes; every rollout actor receives; the proxy loads what each holds.
 
-    def __init__(self, trainer: ActorTrainerGroup, rollout: Sequence[Any], proxy: Any, channel: str) -> None:
-        """`rollout` are the RayWorkerHandles of every rollout actor (active or not)."""
+    The actors form one torch.distributed world, which cannot take a new member: a rollout actor
+    that died is replaced at the next update (D81). The proxy removes the dead one (no in-place
+    restart in a world), `spawn` starts a new actor on a free device of its pool, then
+    `rejoin(members, new)`: under torch_dist every member left and a new world forms; under
+    Mooncake (a store) only the new actors connect. The update runs, and the proxy adopts the new
+    actor holding the update's version. Without `rejoin` a dead member fails the update.
+    """
+
+    def __init__(self, trainer: ActorTrainerGroup, rollout: Sequence[Any], proxy: Any, channel: str,
+                 rejoin: Callable[[list[Any], list[Any]], Awaitable[None]] | None = None,
+                 spawn: Callable[[int], Awaitable[Any]] | None = None) -> None:
+        """`rollout` are the RayWorkerHandles of every rollout actor, in the proxy's rank order."""
         # VAL: VAL_ONE_OF(channel, choices=("torch_dist", "mooncake"), exc=SchedulerError)
         check.one_of("channel", channel, ("torch_dist", "mooncake"), exc=SchedulerError)  # generated #76e2ebac62
         self.trainer = trainer
-        self.rollout = list(rollout)
+        self.members: dict[int, Any] = dict(enumerate(rollout))  # proxy rank -> the actor in the world
         self.proxy = proxy
         self.channel = channel
+        self.rejoin = rejoin
+        self.spawn = spawn
+        self.reformed = 0
+        self._adopt: dict[int, Any] = {}  # joined the world, handed to the proxy once they hold a version
+        self._lock = asyncio.Lock()
+
+    @property
+    def rollout(self) -> list[Any]:
+        """The rollout actors of the world now, in rank order."""
+        return [self.members[r] for r in sorted(self.members)]
 
     async def model_update(self, trainer: Any, version: int, timeout: float) -> dict[str, float]:
-        """One update end to end; `sync_s` covers publish, transfer, verification and load."""
+        """One update end to end; `sync_s` covers publish, transfer, verification and load.
+
+        A member found dead before (by a request or the health check) or during the update is
+        replaced and the world re-formed first; an update that failed on a dead member runs once
+        more in the re-formed world (D81).
+        """
+        async with self._lock:
+            if self.rejoin is None:
+                return await self._update(version, timeout)
+            await self._heal(timeout)
+            try:
+                out = await self._update(version, timeout)
+            except Exception as exc:  # noqa: BLE001 - a member died mid-update: re-form and run it again
+                dead = await self._dead_members(str(exc))
+                if not dead:
+                    raise
+                _log.warning("weight update %d failed on dead rollout member(s) %s: %s; re-forming the world",
+                             version, dead, str(exc).splitlines()[0])
+                await self._heal(timeout)
+                out = await self._update(version, timeout)
+            for rank, handle in sorted(self._adopt.items()):
+                await self.proxy.adopt(rank, handle)
+            self._adopt.clear()
+            return out
+
+    async def _dead_members(self, cause: str) -> list[int]:
+        """Members that do not answer a probe now; each is handed to the proxy's failure handling."""
+        dead = []
+        for rank, handle in sorted(self.members.items()):
+            try:
+                await asyncio.wait_for(handle.call("probe"), 30.0)
+            except Exception:  # noqa: BLE001 - any failure to answer is a dead member here
+                dead.append(rank)
+                await self.proxy.report_failure(rank, f"died during a weight update: {cause}".splitlines()[0])
+        return dead
+
+    async def _heal(self, timeout: float) -> None:
+        """Replace members the proxy removed and re-form the world around the survivors and the new actors."""
+        await self.proxy.check_health()  # a dead idle member is found now, not by the collective
+        lost = [r for r, h in self.members.items()
+                if self.proxy.slots[r].state == "removed" or self.proxy.slots[r].handle is not h]
+        if not lost:
+            return
+        new: dict[int, Any] = {}
+        for rank in lost:
+            try:
+                new[rank] = await asyncio.wait_for(self.spawn(rank), timeout) if self.spawn else None
+            except Exception as exc:  # noqa: BLE001 - the slot stays removed; the next update tries again
+                _log.warning("replacing rollout rank %d failed: %s", rank, exc, exc_info=True)
+        survivors = {r: h for r, h in self.members.items() if r not in lost}
+        joined = [h for _, h in sorted(new.items()) if h is not None]
+        if self.channel == "torch_dist":  # a collective's world is fixed: every member leaves, a new one forms
+            await asyncio.gather(*(self.trainer.call(r, "leave") for r in range(len(self.trainer.handles))),
+                                 *(h.call("leave") for h in survivors.values()))
+        self.members = {**survivors, **{r: h for r, h in new.items() if h is not None}}
+        await self.rejoin(self.rollout, joined)  # a store (mooncake): only the new actors connect
+        self._adopt.update({r: h for r, h in new.items() if h is not None})
+        self.reformed += 1
+        _log.info("weight-sync world re-formed (%d): %d rollout members, %d new", self.reformed, len(self.members),
+                  len(self._adopt))
+
+    async def _update(self, version: int, timeout: float) -> dict[str, float]:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         receives = [h.call("receive", version, timeout) for h in self.rollout]

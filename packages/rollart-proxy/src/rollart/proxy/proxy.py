@@ -678,6 +678,40 @@ class LLMProxy:
                 self._replacements[slot.rank] = task
                 task.add_done_callback(lambda _t, rank=slot.rank: self._replacements.pop(rank, None))
 
+    async def report_failure(self, rank: int, cause: str) -> None:
+        """A caller outside the proxy found worker `rank` dead (a weight channel's receive, app D81): handle it
+        as the proxy handles its own findings (D53) and return once that handling has run."""
+        # VAL: VAL_INT_RANGE(rank, min=0, max=len(self._slots) - 1, exc=ProxyError)
+        check.int_range("rank", rank, min=0, max=len(self._slots) - 1, exc=ProxyError)  # generated #77c85b3541
+        slot = self._slots[rank]
+        task = self._fail_later(slot, slot.incarnation, cause)
+        if task is not None:
+            await asyncio.shield(task)
+
+    async def adopt(self, rank: int, handle: WorkerHandle) -> None:
+        """Install a worker built outside the proxy in the removed slot `rank` (D56).
+
+        Why: a worker that must join a weight channel's world first (torch_dist, Mooncake) cannot be
+        built by ``worker_factory`` at any moment; its owner builds it at the next weight update,
+        once it holds the update's version, and hands it over here. It then loads the latest weights
+        (what it received), takes the proxy's suspension state, and serves.
+        """
+        # VAL: VAL_INT_RANGE(rank, min=0, max=len(self._slots) - 1, exc=ProxyError)
+        check.int_range("rank", rank, min=0, max=len(self._slots) - 1, exc=ProxyError)  # generated #77c85b3541
+        slot = self._slots[rank]
+        # AST: AST_PRECONDITION(slot.state == REMOVED and not slot.replacing, got=(rank, slot.state), msg="a worker is adopted only into a removed slot that nothing else is replacing", exc=ProxyError)
+        check.precondition(slot.state == REMOVED and not slot.replacing, "a worker is adopted only into a removed slot that nothing else is replacing", got=(rank, slot.state), exc=ProxyError)  # generated #3942b7f6e1
+        async with slot.lock:
+            slot.handle = handle
+            slot.incarnation += 1
+            slot.restart_times.clear()
+            slot.replacement_times.clear()
+            await self._bring_up(slot)
+        self.counters["replaced"] += 1
+        self._emit("worker_replaced", rank=slot.rank, worker=handle.worker_id, hardware=handle.hardware)
+        logger.info("rank %d adopted worker %s", slot.rank, handle.worker_id)
+        self._notify()
+
     async def _replace(self, slot: WorkerSlot) -> None:
         """Build a new worker for a removed slot with ``worker_factory``, retrying failures with backoff
         (at most ``max_restarts`` attempts per window), until one is up or the proxy closes."""
