@@ -239,9 +239,7 @@ def assert_one_stop_line(failed, run_dir: Path, why: str, iterations: list[int])
 @pytest.mark.slow
 async def test_a_dead_trainer_actor_stops_the_run_in_one_line_naming_it_and_the_resume_command(ray_cluster, tmp_path):
     """Item 2 (the part past the budget): before, the run ended with a bare WorkerDiedError from the step."""
-    raw = example_config()
-    raw["trainer"].update({"placement": "actors", "devices": 1})
-    raw["sync"] = {"channel": "torch_dist"}  # trainer actors publish through a channel
+    raw = trainer_actors_config(restarts=0, channel="torch_dist")  # trainer actors publish through a channel
     pipe = await build_pipeline(parse_config(raw), tmp_path)
     try:
         await pipe.run(1, progress=False)
@@ -250,23 +248,24 @@ async def test_a_dead_trainer_actor_stops_the_run_in_one_line_naming_it_and_the_
             await pipe.run(3, progress=False)
     finally:
         await pipe.close()
-    assert_one_stop_line(failed, tmp_path, "not rebuilt automatically (sync.channel torch_dist binds it into the "
-                                           "rollout actors' world)", [1])
+    assert_one_stop_line(failed, tmp_path, "rebuilt 0 times, the budget (trainer.restarts: 0) is spent", [1])
     assert pipe.iteration == 1
 
 
-def trainer_actors_config(restarts: int) -> dict:
+def trainer_actors_config(restarts: int, channel: str = "local") -> dict:
     raw = example_config()
-    raw["trainer"].update({"placement": "actors", "devices": 1, "restarts": restarts})  # sync.channel: local
+    raw["trainer"].update({"placement": "actors", "devices": 1, "restarts": restarts})
+    raw["sync"] = {"channel": channel}
     return raw
 
 
 @pytest.mark.ray
 @pytest.mark.slow
-async def test_a_dead_trainer_actor_is_rebuilt_from_the_last_checkpoint_and_the_run_finishes(ray_cluster, tmp_path):
-    """Item 2 (D75): before, the run stopped at the first trainer death (and with sync.channel local the
-    trainer actors never built their trainer)."""
-    pipe = await build_pipeline(parse_config(trainer_actors_config(restarts=2)), tmp_path)
+@pytest.mark.parametrize("channel", ["local", "torch_dist"])
+async def test_a_dead_trainer_actor_is_rebuilt_from_the_last_checkpoint_and_the_run_finishes(ray_cluster, tmp_path, channel):
+    """Item 2 (D75; torch_dist: D82): before, the run stopped at the first trainer death (and with sync.channel
+    local the trainer actors never built their trainer; with torch_dist the world could not take a new member)."""
+    pipe = await build_pipeline(parse_config(trainer_actors_config(restarts=2, channel=channel)), tmp_path)
     plan = pipe.parts.trainer.rebuild
     spawn, during = plan.spawn, []
 
@@ -281,9 +280,13 @@ async def test_a_dead_trainer_actor_is_rebuilt_from_the_last_checkpoint_and_the_
         await pipe.run(1, progress=False)
         await kill_trainer(pipe)
         recs = await pipe.run(3, progress=False)
+        replicas = await pipe.parts.trainer.checksums()
+        held = [await s.handle.call("checksums") for s in pipe.parts.proxy.slots]
     finally:
         await pipe.close()
     assert [r["iteration"] for r in recs] == [2, 3]
+    # every rollout worker serves the rebuilt trainer's weights (torch_dist: through the re-formed world)
+    assert all(h["version"] == 3 and h["engine"] == replicas[0] for h in held)
     metrics = read_metrics(tmp_path)
     assert [r["iteration"] for r in metrics] == [1, 2, 3]  # every iteration once
     assert [r["version"] for r in metrics] == [1, 2, 3]  # monotonic: the rebuilt trainer continues at version 1

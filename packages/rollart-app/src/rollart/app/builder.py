@@ -191,12 +191,13 @@ async def start_trainer(config: RunConfig, model: ModelSpec, placement: Placemen
 
     hint = f"resume from the last checkpoint with: rollart run CONFIG --run-dir {run_dir}" if run_dir else ""
     rebuild, why_not = None, ""
-    if config.sync.channel == "local":  # rebuilt from the last checkpoint within trainer.restarts (D75)
-        checkpoints = Checkpointer(run_dir / "checkpoints") if run_dir is not None else None
+    if config.sync.channel in ("local", "torch_dist"):  # rebuilt from the last checkpoint within trainer.restarts
+        checkpoints = Checkpointer(run_dir / "checkpoints") if run_dir is not None else None  # (D75; torch_dist: D82)
         rebuild = TrainerRebuild(spawn, lambda: checkpoints.latest() if checkpoints is not None else None,
                                  budget=tc.restarts)
     else:
-        why_not = f"sync.channel {config.sync.channel} binds it into the rollout actors' world"
+        why_not = (f"sync.channel {config.sync.channel}: the store's versions live in the dead publisher's memory; "
+                   "use local or torch_dist for automatic rebuilds")
     return ActorTrainerGroup(runtime, await spawn(), timeout_s=config.pipeline.update_timeout_s * 10, resume_hint=hint,
                              rebuild=rebuild, no_rebuild_reason=why_not)
 
@@ -522,6 +523,9 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
             updater = ChannelUpdater(trainer, workers, proxy, config.sync.channel,
                                      rejoin=rejoin if recovery is not None else None,
                                      spawn=recovery.replace if recovery is not None else None)
+            if getattr(trainer, "rebuild", None) is not None and config.sync.channel == "torch_dist":
+                updater.rejoin = updater.rejoin or rejoin
+                trainer.rebuild.rejoin = updater.reform  # a rebuilt group joins a re-formed world (D82)
         pcfg = config.pipeline
         keys = task_keys(config)
         balanced = sorted(set(keys)) if pcfg.balance_tasks and len(set(keys)) > 1 else []

@@ -99,6 +99,7 @@ class TrainerRebuild:
     checkpoint: Callable[[], Any]
     budget: int
     on_event: Callable[..., Any] | None = None
+    rejoin: Callable[[], Awaitable[None]] | None = None  # torch_dist: re-form the world around the new replicas (D82)
 
 
 class _ReplicaDied(Exception):
@@ -168,6 +169,8 @@ class ActorTrainerGroup:
                 _log.warning("removing trainer actor %s: %s", h, exc)
         try:
             self.handles = list(await plan.spawn())
+            if plan.rejoin is not None:  # the new replicas build their trainer as they join the world (D82)
+                await plan.rejoin()
             info = plan.checkpoint()
             if info is not None:
                 await asyncio.gather(*(self._raw(r, "load_checkpoint", str(info.path / "trainer"))
@@ -316,6 +319,15 @@ class ChannelUpdater:
                 await self.proxy.adopt(rank, handle)
             self._adopt.clear()
             return out
+
+    async def reform(self) -> None:
+        """Re-form the world around a rebuilt trainer group (D82): the rollout members leave the broken
+        world, then everyone joins a new one; the new replicas build their trainer as they join."""
+        await asyncio.gather(*(h.call("leave") for h in self.members.values()))
+        assert self.rejoin is not None
+        await self.rejoin(self.rollout, [])
+        self.reformed += 1
+        _log.info("weight-sync world re-formed (%d) around a rebuilt trainer group", self.reformed)
 
     async def _dead_members(self, cause: str) -> list[int]:
         """Members that do not answer a probe now; each is handed to the proxy's failure handling."""
