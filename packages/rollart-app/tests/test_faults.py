@@ -221,6 +221,33 @@ async def test_a_sigkilled_rollout_actor_in_a_channel_world_is_replaced_at_the_n
     assert accounting_problems(tmp_path) == []
 
 
+@pytest.mark.ray
+@pytest.mark.slow
+async def test_a_channel_world_pool_that_cannot_replace_its_only_worker_fails_the_run_in_one_line(ray_cluster, tmp_path):
+    """D81 with D51's rule: a pool with no worker and no replacement ends the run naming the pool and the cause."""
+    raw = example_config()
+    raw["trainer"].update({"placement": "actors", "devices": 1})
+    raw["sync"] = {"channel": "torch_dist"}
+    pipe = await build_pipeline(parse_config(raw), tmp_path)
+
+    async def no_device(rank: int):
+        raise RuntimeError("no free H20 device")
+
+    try:
+        await pipe.run(1, progress=False)
+        pipe.parts.updater.spawn = no_device
+        old = next(s.handle for s in pipe.parts.proxy.slots if s.handle.hardware == "H20")
+        os.kill(await actor_pid(old), signal.SIGKILL)
+        with pytest.raises(RunFailed) as failed:
+            await pipe.run(6, progress=False)
+    finally:
+        await pipe.close()
+    line = str(failed.value)
+    assert "\n" not in line and "rollout pool 'h20' (H20) lost every worker and could not start one" in line, line
+    assert "no free H20 device" in line and f"--run-dir {tmp_path}" in line, line
+    assert "pool_lost" in [e["kind"] for e in read_events(tmp_path)]
+
+
 async def kill_trainer(pipe) -> None:
     """SIGKILL the process of trainer actor 0 (what the OOM killer or a node loss does)."""
     actor = pipe.parts.trainer.handles[0].actor

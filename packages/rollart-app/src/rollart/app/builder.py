@@ -522,7 +522,8 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
 
             updater = ChannelUpdater(trainer, workers, proxy, config.sync.channel,
                                      rejoin=rejoin if recovery is not None else None,
-                                     spawn=recovery.replace if recovery is not None else None)
+                                     spawn=recovery.replace if recovery is not None else None,
+                                     on_event=recovery.on_event if recovery is not None else None)
             if getattr(trainer, "rebuild", None) is not None and config.sync.channel == "torch_dist":
                 updater.rejoin = updater.rejoin or rejoin
                 trainer.rebuild.rejoin = updater.reform  # a rebuilt group joins a re-formed world (D82)

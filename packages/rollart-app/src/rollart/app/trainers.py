@@ -275,8 +275,10 @@ class ChannelUpdater:
 
     def __init__(self, trainer: ActorTrainerGroup, rollout: Sequence[Any], proxy: Any, channel: str,
                  rejoin: Callable[[list[Any], list[Any]], Awaitable[None]] | None = None,
-                 spawn: Callable[[int], Awaitable[Any]] | None = None) -> None:
-        """`rollout` are the RayWorkerHandles of every rollout actor, in the proxy's rank order."""
+                 spawn: Callable[[int], Awaitable[Any]] | None = None,
+                 on_event: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+        """`rollout` are the RayWorkerHandles of every rollout actor, in the proxy's rank order; `on_event`
+        hears `replacement_failed` as the proxy's own (a pool that lost every worker fails the run, D51)."""
         # VAL: VAL_ONE_OF(channel, choices=("torch_dist", "mooncake"), exc=SchedulerError)
         check.one_of("channel", channel, ("torch_dist", "mooncake"), exc=SchedulerError)  # generated #76e2ebac62
         self.trainer = trainer
@@ -285,6 +287,7 @@ class ChannelUpdater:
         self.channel = channel
         self.rejoin = rejoin
         self.spawn = spawn
+        self.on_event = on_event
         self.reformed = 0
         self._adopt: dict[int, Any] = {}  # joined the world, handed to the proxy once they hold a version
         self._lock = asyncio.Lock()
@@ -353,6 +356,9 @@ class ChannelUpdater:
                 new[rank] = await asyncio.wait_for(self.spawn(rank), timeout) if self.spawn else None
             except Exception as exc:  # noqa: BLE001 - the slot stays removed; the next update tries again
                 _log.warning("replacing rollout rank %d failed: %s", rank, exc, exc_info=True)
+                if self.on_event is not None:
+                    self.on_event("replacement_failed", {"rank": rank, "hardware": self.proxy.slots[rank].handle.hardware,
+                                                         "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
         survivors = {r: h for r, h in self.members.items() if r not in lost}
         joined = [h for _, h in sorted(new.items()) if h is not None]
         if self.channel == "torch_dist":  # a collective's world is fixed: every member leaves, a new one forms
