@@ -101,6 +101,29 @@ def test_both_policies_lend_at_least_what_the_train_step_needs(devices, min_lend
     assert min_lend <= len(dec.devices) < devices and len(set(dec.devices)) == len(dec.devices)
 
 
+@settings(max_examples=80, deadline=None)
+@given(sizes=st.lists(st.sampled_from([1, 2, 4, 8]), min_size=2, max_size=12), min_lend=st.integers(0, 40),
+       loads=st.lists(st.integers(0, 50), min_size=12, max_size=12), train=st.sampled_from([None, 1.0]),
+       always=st.booleans(), lend=st.integers(1, 40))
+def test_a_tensor_parallel_engine_is_lent_whole_or_not_at_all(sizes, min_lend, loads, train, always, lend):
+    """D66: before, a policy picked single devices, so lending 3 devices of an 8-device engine offloaded the
+    whole engine while the trainer got 3; 5 devices idled in neither role."""
+    from hypothesis import assume
+
+    groups, start = [], 0
+    for size in sizes:
+        groups.append(tuple(range(start, start + size)))
+        start += size
+    assume(min_lend == 0 or min_lend <= sum(sizes) - max(sizes))  # whole groups can reach it and keep one
+    load = {d: loads[i] for i, g in enumerate(groups) for d in g}
+    st_ = PoolState(tuple(range(start)), load, train_devices=4, slots_per_device=4, train_step_s=train,
+                    switch_cost_s=0.0, groups=tuple(groups))
+    pol = AlwaysShrinkPolicy(lend=lend, min_lend=min_lend) if always else CostAwarePolicy(min_keep=1, min_lend=min_lend)
+    lent = set(pol.decide(st_).devices)
+    assert all(set(g) <= lent or not (set(g) & lent) for g in groups), (groups, sorted(lent))
+    assert min_lend <= len(lent) < start
+
+
 def test_a_pool_that_cannot_lend_what_the_step_needs_fails_naming_it():
     with pytest.raises(SchedulerError, match="train step needs"):
         CostAwarePolicy(min_keep=1, min_lend=4).decide(state(devices=4))

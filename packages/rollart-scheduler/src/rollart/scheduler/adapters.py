@@ -102,6 +102,11 @@ class ProxyElasticPool:
         active = set(self.proxy.active_ranks())
         return sorted(d for s in self.proxy.slots if s.rank in active for d in s.devices)
 
+    def groups(self) -> list[tuple[int, ...]]:
+        """Each active worker's devices: a tensor-parallel engine moves as one (scheduler D66)."""
+        active = set(self.proxy.active_ranks())
+        return [tuple(s.devices) for s in self.proxy.slots if s.rank in active]
+
     def load(self) -> dict[int, int]:
         """In-flight requests per rollout device."""
         active = set(self.proxy.active_ranks())

@@ -48,6 +48,7 @@ class PoolState:
     slots_per_device: int
     train_step_s: float | None  # measured step time on the trainer's own devices (None: not yet)
     switch_cost_s: float | None  # measured shrink + expand seconds (None: not yet)
+    groups: tuple[tuple[int, ...], ...] = ()  # devices that move together (one engine's TP group); () = each alone (D66)
 
 
 @dataclass(frozen=True)
@@ -134,9 +135,29 @@ def demand_devices(inflight: int, slots_per_device: int, min_keep: int) -> int:
     return max(min_keep, math.ceil(max(inflight, 0) / slots_per_device))
 
 
-def _least_loaded(state: PoolState, k: int) -> tuple[int, ...]:
-    order = sorted(state.rollout_devices, key=lambda d: (state.load.get(d, 0), -d))
-    return tuple(sorted(order[:k]))
+def device_groups(state: PoolState) -> list[tuple[int, ...]]:
+    """The rollout devices as the units a shrink moves: the pool's engine groups, each device alone by default."""
+    members = set(state.rollout_devices)
+    groups = [g for g in state.groups if g and set(g) <= members]
+    grouped = {d for g in groups for d in g}
+    return groups + [(d,) for d in state.rollout_devices if d not in grouped]
+
+
+def _least_loaded(state: PoolState, k: int, at_least: bool = False) -> tuple[int, ...]:
+    """The least loaded whole groups (D66): at most `k` devices, or, with `at_least`, the fewest groups reaching `k`.
+
+    A tensor-parallel engine holds all its devices: lending some of them offloads the whole engine
+    while the trainer gets only those, so the rest would idle in neither role.
+    """
+    groups = sorted(device_groups(state), key=lambda g: (max(state.load.get(d, 0) for d in g), -max(g)))
+    chosen: list[int] = []
+    for group in groups[:-1]:  # the most loaded group always stays in rollout
+        if len(chosen) >= k:
+            break
+        if not at_least and len(chosen) + len(group) > k:
+            continue
+        chosen.extend(group)
+    return tuple(sorted(chosen))
 
 
 def with_required(decision: ShrinkDecision, state: PoolState, min_lend: int) -> ShrinkDecision:
@@ -149,7 +170,10 @@ def with_required(decision: ShrinkDecision, state: PoolState, min_lend: int) -> 
     check.precondition(min_lend == 0 or min_lend < len(state.rollout_devices), "the pool can lend the devices the train step needs and keep one", got_lazy=lambda: (min_lend, len(state.rollout_devices)), exc=SchedulerError)  # generated #c05776bed2
     if len(decision.devices) >= min_lend:
         return decision
-    return ShrinkDecision(_least_loaded(state, min_lend), f"lend {min_lend}: the train step needs them to hold the model "
+    lent = _least_loaded(state, min_lend, at_least=True)
+    # AST: AST_POSTCONDITION(len(lent) >= min_lend, got=(min_lend, len(lent), len(device_groups(state))), msg="whole engine groups reach the devices the train step needs and one group stays in rollout", exc=SchedulerError)
+    check.postcondition(len(lent) >= min_lend, "whole engine groups reach the devices the train step needs and one group stays in rollout", got_lazy=lambda: (min_lend, len(lent), len(device_groups(state))), exc=SchedulerError)  # generated #68a36fc339
+    return ShrinkDecision(lent, f"lend {len(lent)}: the train step needs {min_lend} to hold the model "
                           f"({decision.reason})", decision.expected_gain_s, decision.expected_cost_s)
 
 
@@ -196,7 +220,10 @@ class CostAwarePolicy:
         cost = state.switch_cost_s if state.switch_cost_s is not None else self.prior_switch_cost_s
         if gain <= self.margin * cost:
             return ShrinkDecision((), f"expected gain {gain:.3f}s <= {self.margin} x switch cost {cost:.3f}s", gain, cost)
-        return ShrinkDecision(_least_loaded(state, k), f"lend {k}: gain {gain:.3f}s > cost {cost:.3f}s", gain, cost)
+        lent = _least_loaded(state, k)
+        if not lent:
+            return ShrinkDecision((), f"remaining demand leaves {k} devices, less than one engine's group", gain, cost)
+        return ShrinkDecision(lent, f"lend {len(lent)}: gain {gain:.3f}s > cost {cost:.3f}s", gain, cost)
 
 
 class AlwaysShrinkPolicy:
@@ -217,7 +244,8 @@ class AlwaysShrinkPolicy:
         k = min(self.lend, len(state.rollout_devices) - 1)
         if k <= 0:
             return with_required(ShrinkDecision((), "pool too small to lend"), state, self.min_lend)
-        return with_required(ShrinkDecision(_least_loaded(state, k), f"always shrink {k}"), state, self.min_lend)
+        lent = _least_loaded(state, k)
+        return with_required(ShrinkDecision(lent, f"always shrink {len(lent)}"), state, self.min_lend)
 
 
 class TimeSharingController:
@@ -248,8 +276,9 @@ class TimeSharingController:
     def state(self) -> PoolState:
         """The snapshot the policy decides on."""
         devices = tuple(sorted(self.pool.rollout_devices()))
+        groups = getattr(self.pool, "groups", None)  # optional: pools of tensor-parallel engines (D66)
         return PoolState(devices, dict(self.pool.load()), self.train_devices, self.slots_per_device,
-                         self.train_step_s, self.switch_cost_s)
+                         self.train_step_s, self.switch_cost_s, tuple(groups()) if groups is not None else ())
 
     async def train_with_lending(self, train: Callable[[], Awaitable[T]], timeout_s: float) -> tuple[T, SwitchRecord]:
         """Shrink per the policy, run `train`, always expand (even if train raised).
