@@ -73,7 +73,7 @@ HEADLINE: dict[str, dict] = {
     "timesharing": {"metric": "trained", "paper": 3.5, "baseline": "static_128train_32rollout",
                     "policies": ["timesharing_cost_aware", "timesharing_always_shrink"],
                     "search": {"base": "static_128train_32rollout", "metric": "trained_tokens_per_s", "granularity": 8,
-                               "coarse": 2, "refine": 0}},
+                               "coarse": 4, "refine": 0}},
 }
 
 

@@ -117,6 +117,55 @@ def test_back_pressure_bounds_inflight_per_worker_and_waits_have_deadlines():
     assert peak == 2
 
 
+def test_waiting_requests_get_room_in_arrival_order_and_one_that_leaves_keeps_no_place():
+    """D54: a freed place goes to the oldest waiting request, which is routed by the change that freed
+    it; a waiter that times out, is cancelled, or is cancelled just after being routed leaves no place taken."""
+
+    async def go():
+        workers = await sim_pool(["H20"])
+        proxy = LLMProxy(workers, max_inflight_per_worker=1)
+        slot = proxy.slots[0]
+        done: list[str] = []
+
+        async def ask(name: str, max_tokens: int = 20, timeout_s: float | None = None):
+            out = await proxy.generate(req(max_tokens=max_tokens, trajectory_id=name), timeout_s=timeout_s)
+            done.append(name)
+            return out
+
+        first = asyncio.create_task(ask("a", max_tokens=400))
+        await asyncio.sleep(0)
+        waiting = {}
+        for name in ("b", "c", "d", "e"):
+            waiting[name] = asyncio.create_task(ask(name, timeout_s=0.001 if name == "e" else None))
+            await asyncio.sleep(0)
+        assert len(proxy._waiters) == 4 and len(slot.inflight) == 1
+        waiting["c"].cancel()
+        with pytest.raises(ProxyTimeoutError, match="back-pressure"):
+            await waiting["e"]
+        await asyncio.sleep(0)
+        assert [w.track.request.trajectory_id for w in proxy._waiters] == ["b", "d"]
+        await asyncio.gather(first, waiting["b"], waiting["d"])
+        # routed and cancelled before it ran: its place is given back
+        blocker = asyncio.create_task(ask("x", max_tokens=400))
+        await asyncio.sleep(0)
+        late = asyncio.create_task(ask("y"))
+        await asyncio.sleep(0)
+        blocker.cancel()
+        await asyncio.sleep(0)  # the blocker's cancel frees the place and routes "y" to it
+        assert late in asyncio.all_tasks() and not proxy._waiters and "y" not in done
+        late.cancel()
+        await asyncio.gather(blocker, late, return_exceptions=True)
+        leftover = dict(slot.inflight)
+        after = await asyncio.wait_for(proxy.generate(req(trajectory_id="z")), 60)
+        await proxy.close()
+        return done, leftover, after
+
+    done, leftover, after = run_virtual(go())
+    assert done == ["a", "b", "d"]
+    assert leftover == {}
+    assert after.finish_reason == "length"
+
+
 def test_abort_trajectory_answers_abort_with_partial_tokens_once():
     async def go():
         proxy = LLMProxy(await sim_pool(["H20", "H20"]))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -156,6 +157,17 @@ class _Track:
     abort_reason: str | None = None
     worker_ids: list[str] = field(default_factory=list)
     failure: str = ""  # the last worker failure this request saw (the cause in the worker_failed event)
+    waiter: _Waiter | None = None  # while it waits for a worker with room (back-pressure, D54)
+
+
+@dataclass
+class _Waiter:
+    """A request waiting for a worker (D54): the proxy resolves ``future`` with the slot it routed the
+    request to (already counted in the slot's in-flight), or None to make it look again itself."""
+
+    track: _Track
+    exclude: int | None
+    future: asyncio.Future[WorkerSlot | None]
 
 
 def validate_request(request: GenerateRequest, router: RoutingPolicy) -> None:
@@ -245,6 +257,7 @@ class LLMProxy:
         self._by_trajectory: dict[str, dict[str, _Track]] = {}  # trajectory id -> its in-flight tracks (D31)
         self._sticky: dict[str, int] = {}
         self._changed = asyncio.Event()
+        self._waiters: deque[_Waiter] = deque()  # requests waiting for a worker with room, oldest first (D54)
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._closed = False
@@ -298,6 +311,52 @@ class LLMProxy:
     def _notify(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
+        if self._waiters:
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Hand the room a change made to the waiting requests, oldest first (D54).
+
+        Each waiter the router now places is routed here and its slot counted, so one freed place wakes
+        one request, not every waiting one (they used to wake on every change, each to find the place
+        taken: O(waiting) tasks and timers per answered request). With the built-in routers nothing can
+        be placed while no worker is below capacity, so that case costs O(1); a custom router is asked
+        for every waiter. While no worker is active every waiter looks again itself (it raises when none
+        can come back)."""
+        indexed = isinstance(self._router, AffinityRouter)
+        if self._index.active_count(None) == 0:
+            if not self._can_recover():
+                while self._waiters:
+                    self._wake(self._waiters.popleft(), None)
+            return
+        kept: deque[_Waiter] = deque()
+        waiters = self._waiters
+        while waiters:
+            if indexed and self._index.least_loaded(None, None) is None:
+                break  # every worker is full: nobody can be placed
+            waiter = waiters.popleft()
+            if waiter.future.done():
+                continue
+            rank = self._route(waiter.track, waiter.exclude)
+            if rank is None:
+                kept.append(waiter)
+            else:
+                self._wake(waiter, self._assign(waiter.track, rank))
+        kept.extend(waiters)
+        self._waiters = kept
+
+    @staticmethod
+    def _wake(waiter: _Waiter, slot: WorkerSlot | None) -> None:
+        waiter.track.waiter = None
+        if not waiter.future.done():
+            waiter.future.set_result(slot)
+
+    def _unwait(self, track: _Track) -> None:
+        """Wake a waiting request to look again itself (it was aborted, or the proxy closed)."""
+        waiter = track.waiter
+        if waiter is not None:
+            self._wake(waiter, None)
+            self._waiters.remove(waiter)
 
     # ---- generate -------------------------------------------------------------------------------
 
@@ -400,44 +459,74 @@ class LLMProxy:
             raise ProxyTimeoutError(f"timed out waiting for {what}") from exc
 
     async def _acquire(self, track: _Track, deadline: float, exclude: int | None) -> WorkerSlot | None:
-        """Route with back-pressure: wait (until the deadline) for a worker with room; None if aborted."""
-        request = track.request
+        """Route with back-pressure: wait (until the deadline) for a worker with room; None if aborted.
+
+        A request that finds no room queues behind the ones already waiting; the proxy routes it when
+        a change gives it room (D54, `_dispatch`), so it wakes once, with its slot."""
         while True:
             if track.abort_reason is not None:
                 return None
-            sticky = self._sticky.get(request.trajectory_id) if request.trajectory_id and exclude is None else None
             has_active = self._index.active_count(None) > 0
-            if isinstance(self._router, AffinityRouter):  # O(log n) from the index (D16)
-                rank = self._router.choose_indexed(request, self._index, sticky, exclude) if has_active else None
-            else:  # a custom policy sees a view of every active worker
-                views = [
-                    WorkerView(s.rank, s.handle.hardware, len(s.inflight), sum(s.inflight.values()), self._capacity)
-                    for s in self._slots
-                    if s.state == ACTIVE
-                ]
-                if exclude is not None and len(views) > 1:
-                    views = [v for v in views if v.rank != exclude]
-                rank = self._router.choose(request, views, sticky) if views else None
+            rank = self._route(track, exclude) if not self._waiters else None  # else it queues (FIFO)
             if rank is not None:
-                slot = self._slots[rank]
-                # AST: AST_INVARIANT(slot.state == ACTIVE, got=(rank, slot.state), msg="route only to active workers")
-                check.invariant(slot.state == ACTIVE, "route only to active workers", got=(rank, slot.state))  # generated #e3b13c04ec
-                req = track.engine_request
-                slot.inflight[req.request_id] = len(req.context_ids) + req.remaining_tokens
-                track.slot = slot
-                if request.trajectory_id:
-                    self._sticky[request.trajectory_id] = rank
-                return slot
+                return self._assign(track, rank)
             if not has_active and not self._can_recover():  # O(n) only when the pool is empty
                 raise NoWorkerAvailableError(self._pool_gone(track.engine_request.request_id))
-            changed = self._changed
             what = "a worker with room (back-pressure)" if has_active else "an active worker (pool empty)"
+            waiter = _Waiter(track, exclude, asyncio.get_running_loop().create_future())
+            track.waiter = waiter
+            self._waiters.append(waiter)
+            if has_active and len(self._waiters) > 1:
+                self._dispatch()  # room the older waiters cannot use (affinity) may be this one's
             try:
-                await self._wait(changed, deadline, what)
-            except ProxyTimeoutError as exc:
-                if not has_active:
-                    raise NoWorkerAvailableError(f"no active worker for request {track.engine_request.request_id!r} before its deadline") from exc
+                if waiter.future.done():
+                    slot = waiter.future.result()
+                else:
+                    async with asyncio.timeout_at(deadline):
+                        slot = await waiter.future
+            except BaseException as exc:
+                if track.waiter is waiter:  # still queued: leave the queue
+                    track.waiter = None
+                    self._waiters.remove(waiter)
+                elif waiter.future.done() and not waiter.future.cancelled() and waiter.future.result() is not None:
+                    self._release(waiter.future.result(), track)  # routed as the deadline or a cancel came
+                if isinstance(exc, TimeoutError):
+                    if not has_active:
+                        raise NoWorkerAvailableError(
+                            f"no active worker for request {track.engine_request.request_id!r} before its deadline") from exc
+                    raise ProxyTimeoutError(f"timed out waiting for {what}") from exc
                 raise
+            if slot is not None:
+                return slot
+
+    def _route(self, track: _Track, exclude: int | None) -> int | None:
+        """The router's choice for a request now (no state changed), or None: no worker it may use has room."""
+        request = track.request
+        sticky = self._sticky.get(request.trajectory_id) if request.trajectory_id and exclude is None else None
+        if isinstance(self._router, AffinityRouter):  # O(log n) from the index (D16)
+            if self._index.active_count(None) == 0:
+                return None
+            return self._router.choose_indexed(request, self._index, sticky, exclude)
+        views = [  # a custom policy sees a view of every active worker
+            WorkerView(s.rank, s.handle.hardware, len(s.inflight), sum(s.inflight.values()), self._capacity)
+            for s in self._slots
+            if s.state == ACTIVE
+        ]
+        if exclude is not None and len(views) > 1:
+            views = [v for v in views if v.rank != exclude]
+        return self._router.choose(request, views, sticky) if views else None
+
+    def _assign(self, track: _Track, rank: int) -> WorkerSlot:
+        """Count a routed request in its slot's in-flight (the index sees it) and make the trajectory stick to it."""
+        slot = self._slots[rank]
+        # AST: AST_INVARIANT(slot.state == ACTIVE, got=(rank, slot.state), msg="route only to active workers")
+        check.invariant(slot.state == ACTIVE, "route only to active workers", got=(rank, slot.state))  # generated #e3b13c04ec
+        req = track.engine_request
+        slot.inflight[req.request_id] = len(req.context_ids) + req.remaining_tokens
+        track.slot = slot
+        if track.request.trajectory_id:
+            self._sticky[track.request.trajectory_id] = rank
+        return slot
 
     def _can_recover(self) -> bool:
         """Whether a worker may become active again without a new request's help: a restart or a shrink
@@ -471,6 +560,7 @@ class LLMProxy:
         tracks = list(self._by_trajectory.get(trajectory_id, {}).values())
         for track in tracks:
             track.abort_reason = reason
+            self._unwait(track)
         self._notify()
         await asyncio.gather(*(self._abort_on(t.slot, t.engine_request.request_id) for t in tracks if t.slot is not None))
         self._sticky.pop(trajectory_id, None)
@@ -818,6 +908,7 @@ class LLMProxy:
         await asyncio.gather(*background, return_exceptions=True)
         for track in self._tracks.values():
             track.abort_reason = track.abort_reason or "proxy closed"
+            self._unwait(track)
         self._resumed.set()
         self._notify()
         await asyncio.gather(*(s.handle.stop() for s in self._slots if s.state != REMOVED), return_exceptions=True)
