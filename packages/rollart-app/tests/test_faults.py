@@ -7,8 +7,12 @@ example two-pool affinity config; the kill is a real SIGKILL of the actor's proc
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -107,33 +111,39 @@ async def test_a_failure_ends_the_run_at_once_even_while_waiting_for_a_batch(tmp
     assert pipe.iteration == 0
 
 
-def test_sigterm_stops_like_sigint_checkpoints_and_a_resume_runs_every_iteration_once(tmp_path):
-    """Item 3: before, SIGTERM ended `rollart run` with a stack dump (exit 134) and no checkpoint."""
-    import json
-    import subprocess
-    import sys
-    import time
-
+def run_command(tmp_path: Path, checkpoint_every: int) -> tuple[list[str], Path]:
+    """`rollart run` of the example config without Ray (200 iterations: it runs until a signal), and its run directory."""
     raw = example_config()
     raw["cluster"] = {"ray": "none"}
-    raw["run"].update({"checkpoint_every": 100, "iterations": 200})
+    raw["run"].update({"checkpoint_every": checkpoint_every, "iterations": 200})
     config = tmp_path / "run.yaml"
     config.write_text(json.dumps(raw))
     run_dir = tmp_path / "out"
-    cmd = [sys.executable, "-m", "rollart.app.cli", "run", str(config), "--run-dir", str(run_dir)]
+    return [sys.executable, "-m", "rollart.app.cli", "run", str(config), "--run-dir", str(run_dir)], run_dir
+
+
+def signal_after(cmd: list[str], run_dir: Path, iterations: int, sig: int) -> tuple[int, str, str]:
+    """Start `cmd`, send `sig` once `iterations` are in the metrics (or the run ended); (exit code, stdout, stderr)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = run_dir / "metrics.jsonl"
     try:
-        for _ in range(1200):  # bounded: until two iterations are in the metrics (or the run ended)
-            if proc.poll() is not None or (
-                    (run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").read_text().count("\n") >= 2):
+        for _ in range(1200):  # bounded: 300 s
+            if proc.poll() is not None or (metrics.exists() and metrics.read_text().count("\n") >= iterations):
                 break
             time.sleep(0.25)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 143, err[-3000:]
+    return proc.returncode, out, err
+
+
+def test_sigterm_stops_like_sigint_checkpoints_and_a_resume_runs_every_iteration_once(tmp_path):
+    """Item 3: before, SIGTERM ended `rollart run` with a stack dump (exit 134) and no checkpoint."""
+    cmd, run_dir = run_command(tmp_path, checkpoint_every=100)
+    code, out, err = signal_after(cmd, run_dir, 2, signal.SIGTERM)
+    assert code == 143, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     done = [r["iteration"] for r in read_metrics(run_dir)]
     assert len(done) >= 2 and f"stopped by SIGTERM after iteration {done[-1]}; resume with: rollart run" in out
@@ -147,32 +157,10 @@ def test_sigterm_stops_like_sigint_checkpoints_and_a_resume_runs_every_iteration
 def test_a_sigkilled_driver_resumes_and_the_ledger_accounts_for_every_trajectory(tmp_path):
     """Item 2 + 6: before, the trajectories open at the checkpoint a SIGKILLed driver resumed from had no
     ledger line (launched in the metrics, never settled): "nothing lost" could not be checked (D65)."""
-    import json
-    import subprocess
-    import sys
-    import time
-
     from rollart.scheduler.records import read_ledger
 
-    raw = example_config()
-    raw["cluster"] = {"ray": "none"}
-    raw["run"].update({"checkpoint_every": 1, "iterations": 200})
-    config = tmp_path / "run.yaml"
-    config.write_text(json.dumps(raw))
-    run_dir = tmp_path / "out"
-    cmd = [sys.executable, "-m", "rollart.app.cli", "run", str(config), "--run-dir", str(run_dir)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        for _ in range(1200):  # bounded: until three iterations are in the metrics (or the run ended)
-            if proc.poll() is not None or (
-                    (run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").read_text().count("\n") >= 3):
-                break
-            time.sleep(0.25)
-        proc.send_signal(signal.SIGKILL)  # no handler, no checkpoint, no closing lines
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    cmd, run_dir = run_command(tmp_path, checkpoint_every=1)
+    signal_after(cmd, run_dir, 3, signal.SIGKILL)  # no handler, no checkpoint, no closing lines
     killed_at = len(read_metrics(run_dir))
     again = subprocess.run([*cmd, "-n", str(killed_at + 2)], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]

@@ -520,12 +520,10 @@ async def build_pipeline(config: RunConfig, run_dir: Path, workers: list[Any] | 
                 else:
                     await join_world(config, trainer, members, mooncake)
 
-            updater = ChannelUpdater(trainer, workers, proxy, config.sync.channel,
-                                     rejoin=rejoin if recovery is not None else None,
+            updater = ChannelUpdater(trainer, workers, proxy, config.sync.channel, rejoin=rejoin,
                                      spawn=recovery.replace if recovery is not None else None,
                                      on_event=recovery.on_event if recovery is not None else None)
             if getattr(trainer, "rebuild", None) is not None and config.sync.channel == "torch_dist":
-                updater.rejoin = updater.rejoin or rejoin
                 trainer.rebuild.rejoin = updater.reform  # a rebuilt group joins a re-formed world (D82)
         pcfg = config.pipeline
         keys = task_keys(config)

@@ -270,7 +270,8 @@ class ChannelUpdater:
     restart in a world), `spawn` starts a new actor on a free device of its pool, then
     `rejoin(members, new)`: under torch_dist every member left and a new world forms; under
     Mooncake (a store) only the new actors connect. The update runs, and the proxy adopts the new
-    actor holding the update's version. Without `rejoin` a dead member fails the update.
+    actor holding the update's version. Without `spawn` the world is re-formed around the survivors;
+    without `rejoin` a dead member fails the update.
     """
 
     def __init__(self, trainer: ActorTrainerGroup, rollout: Sequence[Any], proxy: Any, channel: str,
@@ -311,12 +312,10 @@ class ChannelUpdater:
             try:
                 out = await self._update(version, timeout)
             except Exception as exc:  # noqa: BLE001 - a member died mid-update: re-form and run it again
-                dead = await self._dead_members(str(exc))
-                if not dead:
+                if not await self._heal(timeout):  # the health round found no dead member: a real failure
                     raise
-                _log.warning("weight update %d failed on dead rollout member(s) %s: %s; re-forming the world",
-                             version, dead, str(exc).splitlines()[0])
-                await self._heal(timeout)
+                _log.warning("weight update %d failed on a dead rollout member (%s); ran it again in the re-formed "
+                             "world", version, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
                 out = await self._update(version, timeout)
             for rank, handle in sorted(self._adopt.items()):
                 await self.proxy.adopt(rank, handle)
@@ -332,24 +331,14 @@ class ChannelUpdater:
         self.reformed += 1
         _log.info("weight-sync world re-formed (%d) around a rebuilt trainer group", self.reformed)
 
-    async def _dead_members(self, cause: str) -> list[int]:
-        """Members that do not answer a probe now; each is handed to the proxy's failure handling."""
-        dead = []
-        for rank, handle in sorted(self.members.items()):
-            try:
-                await asyncio.wait_for(handle.call("probe"), 30.0)
-            except Exception:  # noqa: BLE001 - any failure to answer is a dead member here
-                dead.append(rank)
-                await self.proxy.report_failure(rank, f"died during a weight update: {cause}".splitlines()[0])
-        return dead
-
-    async def _heal(self, timeout: float) -> None:
-        """Replace members the proxy removed and re-form the world around the survivors and the new actors."""
-        await self.proxy.check_health()  # a dead idle member is found now, not by the collective
+    async def _heal(self, timeout: float) -> bool:
+        """Replace members the proxy removed and re-form the world around the survivors and the new actors;
+        False when every member is alive (nothing to do)."""
+        await self.proxy.check_health()  # a dead member is found now (and removed by the proxy), not by the collective
         lost = [r for r, h in self.members.items()
                 if self.proxy.slots[r].state == "removed" or self.proxy.slots[r].handle is not h]
         if not lost:
-            return
+            return False
         new: dict[int, Any] = {}
         for rank in lost:
             try:
@@ -370,6 +359,7 @@ class ChannelUpdater:
         self.reformed += 1
         _log.info("weight-sync world re-formed (%d): %d rollout members, %d new", self.reformed, len(self.members),
                   len(self._adopt))
+        return True
 
     async def _update(self, version: int, timeout: float) -> dict[str, float]:
         loop = asyncio.get_running_loop()

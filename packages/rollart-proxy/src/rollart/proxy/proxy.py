@@ -597,11 +597,9 @@ class LLMProxy:
         meanwhile cannot cancel the restart half-way (which left the slot draining at its old version).
         One task per failed incarnation; later reports of the same failure get that task.
         """
-        if self._closed or slot.state != ACTIVE or slot.incarnation != incarnation:
-            return self._failing.get((slot.rank, incarnation))
         key = (slot.rank, incarnation)
-        if key in self._failing:
-            return self._failing[key]
+        if key in self._failing or self._closed or slot.state != ACTIVE or slot.incarnation != incarnation:
+            return self._failing.get(key)  # already being handled, or nothing to handle
         logger.warning("worker %s (rank %d) failed: %s", slot.handle.worker_id, slot.rank, cause)
         task = asyncio.get_running_loop().create_task(self._handle_failure(slot, incarnation, cause=str(cause)),
                                                       name=f"failure-rank-{slot.rank}")
@@ -767,16 +765,6 @@ class LLMProxy:
                 task = loop.create_task(self._replace(slot), name=f"replace-rank-{slot.rank}")
                 self._replacements[slot.rank] = task
                 task.add_done_callback(lambda _t, rank=slot.rank: self._replacements.pop(rank, None))
-
-    async def report_failure(self, rank: int, cause: str) -> None:
-        """A caller outside the proxy found worker `rank` dead (a weight channel's receive, app D81): handle it
-        as the proxy handles its own findings (D53) and return once that handling has run."""
-        # VAL: VAL_INT_RANGE(rank, min=0, max=len(self._slots) - 1, exc=ProxyError)
-        check.int_range("rank", rank, min=0, max=len(self._slots) - 1, exc=ProxyError)  # generated #77c85b3541
-        slot = self._slots[rank]
-        task = self._fail_later(slot, slot.incarnation, cause)
-        if task is not None:
-            await asyncio.shield(task)
 
     async def adopt(self, rank: int, handle: WorkerHandle) -> None:
         """Install a worker built outside the proxy in the removed slot `rank` (D56).
